@@ -1,0 +1,301 @@
+"""The Qwen-VL family: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5(-MoE), Qwen4-Exp.
+
+Reference: transformers' ``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` / ``Qwen3VLProcessor`` with
+``Qwen2VLImageProcessor`` (torchvision backend) or ``Qwen2VLImageProcessorPil`` (PIL backend),
+which every member uses for images. Images only: video is not supported yet.
+
+The transform: ``smart_resize`` to a multiple of ``patch_size * merge_size`` within
+``[shortest_edge, longest_edge]`` pixels, bicubic resize, then rows of
+``C * temporal_patch_size * patch_size**2`` values (the frame repeated ``temporal_patch_size``
+times), grouped by ``merge_size**2`` windows. Each ``<|image_pad|>`` becomes
+``grid_t * grid_h * grid_w / merge_size**2`` of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from aiomm.adapters.offline import build_tokenizer
+from aiomm.adapters.registry import AdapterInfo, register
+from aiomm.errors import ProcessingError, ProcessorKwargsError
+from aiomm.kernels import ChannelLayout
+from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
+from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
+from aiomm.processing.image_ops import Backend, Resample, patchify, resize, to_rgb_array
+from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
+from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
+
+__all__ = ("QwenVLProcessor", "smart_resize")
+
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def smart_resize(
+    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """The target (height, width) of Qwen-VL's resize, identical to transformers' ``smart_resize``.
+
+    :raises ProcessingError: for an aspect ratio above 200.
+    """
+    if max(height, width) / min(height, width) > 200:
+        raise ProcessingError(
+            f"image of {height}x{width} has an aspect ratio above 200, which Qwen-VL rejects"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@dataclass(frozen=True)
+class _TransformParams:
+    min_pixels: int
+    max_pixels: int
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    resample: Resample
+    do_resize: bool
+    do_convert_rgb: bool
+    rescale_factor: float
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+
+
+def _size_edges(size: Any) -> tuple[int | None, int | None]:
+    get = size.get if isinstance(size, Mapping) else lambda k, d=None: getattr(size, k, d)
+    return get("shortest_edge", None), get("longest_edge", None)
+
+
+class QwenVLProcessor(BaseMultiModalProcessor):
+    """Processor of every Qwen-VL family architecture (images)."""
+
+    supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
+    dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
+        {"image": IMAGE_PLACEHOLDER}
+    )
+    has_native: ClassVar[bool] = True
+
+    def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
+        super().__init__(hf_processor, **kwargs)
+        from transformers.image_processing_backends import PilBackend
+
+        self.image_processor = hf_processor.image_processor
+        self.backend = (
+            Backend.PIL if isinstance(self.image_processor, PilBackend) else Backend.TORCHVISION
+        )
+        self.image_token_id: int = int(hf_processor.image_token_id)
+
+    # kwargs ---------------------------------------------------------------------------------
+
+    def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
+        ip = self.image_processor
+        shortest, longest = _size_edges(hf_kwargs.get("size", ip.size))
+        shortest = hf_kwargs.get("min_pixels", shortest)
+        longest = hf_kwargs.get("max_pixels", longest)
+        if not shortest or not longest:
+            raise ProcessorKwargsError(
+                "Qwen-VL needs size={'shortest_edge': min_pixels, 'longest_edge': max_pixels}"
+            )
+        return _TransformParams(
+            min_pixels=int(shortest),
+            max_pixels=int(longest),
+            patch_size=int(hf_kwargs.get("patch_size", ip.patch_size)),
+            temporal_patch_size=int(hf_kwargs.get("temporal_patch_size", ip.temporal_patch_size)),
+            merge_size=int(hf_kwargs.get("merge_size", ip.merge_size)),
+            resample=Resample(int(hf_kwargs.get("resample", ip.resample))),
+            do_resize=bool(hf_kwargs.get("do_resize", ip.do_resize)),
+            do_convert_rgb=bool(hf_kwargs.get("do_convert_rgb", ip.do_convert_rgb)),
+            rescale_factor=float(hf_kwargs.get("rescale_factor", ip.rescale_factor)),
+            image_mean=tuple(float(v) for v in hf_kwargs.get("image_mean", ip.image_mean)),
+            image_std=tuple(float(v) for v in hf_kwargs.get("image_std", ip.image_std)),
+        )
+
+    def _get_hf_mm_inputs(
+        self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        hf_data, kwargs, passthrough = super()._get_hf_mm_inputs(mm_items, hf_kwargs)
+        # min_pixels/max_pixels at call time are deprecated in transformers: pass them as size.
+        if "min_pixels" in kwargs or "max_pixels" in kwargs:
+            params = self._resolve_params(kwargs)
+            kwargs.pop("min_pixels", None)
+            kwargs.pop("max_pixels", None)
+            kwargs["size"] = {"shortest_edge": params.min_pixels, "longest_edge": params.max_pixels}
+        return hf_data, kwargs, passthrough
+
+    # the transform --------------------------------------------------------------------------
+
+    def target_size(self, height: int, width: int, params: _TransformParams) -> tuple[int, int]:
+        if not params.do_resize:
+            return height, width
+        return smart_resize(
+            height,
+            width,
+            factor=params.patch_size * params.merge_size,
+            min_pixels=params.min_pixels,
+            max_pixels=params.max_pixels,
+        )
+
+    def _cpu_normalize(self, chw: torch.Tensor, params: _TransformParams) -> torch.Tensor:
+        # The classic path: normalise exactly as the HF backend does, with its own operations.
+        ip = self.image_processor
+        if self.backend is Backend.TORCHVISION:
+            return ip.rescale_and_normalize(
+                chw.unsqueeze(0), True, params.rescale_factor, True,
+                params.image_mean, params.image_std,  # tuples: HF caches on these
+            )[0]  # fmt: skip
+        array = ip.normalize(
+            ip.rescale(chw.numpy(), params.rescale_factor),
+            list(params.image_mean),
+            list(params.image_std),
+        )
+        return torch.from_numpy(np.asarray(array, dtype=np.float32))
+
+    def transform_image(
+        self, image: Any, params: _TransformParams
+    ) -> tuple[torch.Tensor, list[int]]:
+        """One image -> (rows, [grid_t, grid_h, grid_w])."""
+        rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
+        height, width = self.target_size(rgb.shape[0], rgb.shape[1], params)
+        chw = resize(rgb, height, width, params.resample, self.backend)
+        if not self.device_normalize:
+            chw = self._cpu_normalize(chw, params)
+        rows = patchify(
+            chw,
+            patch_size=params.patch_size,
+            merge_size=params.merge_size,
+            temporal_patch_size=params.temporal_patch_size,
+        )
+        return rows, [1, height // params.patch_size, width // params.patch_size]
+
+    def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
+        params = self._resolve_params(hf_kwargs)
+        rows, grids = [], []
+        for image in hf_data.get("images", []):
+            r, g = self.transform_image(image, params)
+            rows.append(r)
+            grids.append(g)
+        if not rows:
+            return {}
+        return {
+            "pixel_values": rows[0] if len(rows) == 1 else torch.cat(rows),
+            "image_grid_thw": torch.tensor(grids, dtype=torch.long),
+        }
+
+    # fields, updates, normalisation ---------------------------------------------------------
+
+    def _get_mm_fields_config(
+        self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
+    ) -> dict[str, MultiModalFieldConfig]:
+        grid = outputs.get("image_grid_thw")
+        sizes = grid.prod(-1) if grid is not None else []
+        return {
+            "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", sizes),
+            "image_grid_thw": MultiModalFieldConfig.batched("image"),
+        }
+
+    def num_image_tokens(self, item: MultiModalKwargsItem, hf_kwargs: Mapping[str, Any]) -> int:
+        merge = int(hf_kwargs.get("merge_size", self.image_processor.merge_size))
+        return int(item.data["image_grid_thw"].prod()) // (merge * merge)
+
+    def _get_prompt_updates(
+        self,
+        mm_counts: Mapping[str, int],
+        hf_kwargs: Mapping[str, Any],
+        mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> list[PromptUpdate]:
+        token = self.image_token_id
+        items = mm_kwargs.get("image", [])
+
+        def replacement(i: int) -> PromptUpdateDetails:
+            return PromptUpdateDetails.from_seq(
+                [token] * self.num_image_tokens(items[i], hf_kwargs)
+            )
+
+        return [PromptReplacement("image", [token], replacement)]
+
+    def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
+        p = self._resolve_params(hf_kwargs)
+        return NormalizationParams(
+            p.rescale_factor, p.image_mean, p.image_std, ChannelLayout.PATCHES
+        )
+
+
+# -------------------------------------------------------------------------- offline builders
+
+# Qwen3-VL and later checkpoints ship this preprocessor config (patch 16, mean/std 0.5, pixel
+# bounds 256x256 .. 4096x4096); Qwen2-VL and Qwen2.5-VL use the image processor's defaults.
+QWEN3_IMAGE_PARAMS: dict[str, Any] = {
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+}
+
+
+def _builder(processor_name: str, video_name: str, image_params: Mapping[str, Any]) -> Any:
+    def build(backend: str = "torchvision", **overrides: Any) -> Any:
+        import transformers
+
+        image_cls = {
+            "torchvision": transformers.Qwen2VLImageProcessor,
+            "pil": transformers.Qwen2VLImageProcessorPil,
+        }[backend]
+        params = {**image_params, **overrides}
+        video_params = {k: v for k, v in params.items() if k != "size"}
+        tokenizer = build_tokenizer(QWEN_SPECIAL_TOKENS, eos_token="<|endoftext|>")
+        return getattr(transformers, processor_name)(
+            image_processor=image_cls(**params),
+            tokenizer=tokenizer,
+            video_processor=getattr(transformers, video_name)(**video_params),
+        )
+
+    return build
+
+
+_FAMILY = (
+    ("qwen2-vl", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor", "Qwen2VLVideoProcessor",
+     {}, "Qwen/Qwen2-VL-2B-Instruct"),
+    ("qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
+     "Qwen2VLVideoProcessor", {}, "Qwen/Qwen2.5-VL-3B-Instruct"),
+    ("qwen3-vl", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor", "Qwen3VLVideoProcessor",
+     QWEN3_IMAGE_PARAMS, "Qwen/Qwen3-VL-4B-Instruct"),
+    ("qwen3-vl-moe", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLProcessor",
+     "Qwen3VLVideoProcessor", QWEN3_IMAGE_PARAMS, "Qwen/Qwen3-VL-30B-A3B-Instruct"),
+    ("qwen3.5", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor", "Qwen3VLVideoProcessor",
+     QWEN3_IMAGE_PARAMS, "Qwen/Qwen3.5-0.8B"),
+    ("qwen3.5-moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3VLProcessor",
+     "Qwen3VLVideoProcessor", QWEN3_IMAGE_PARAMS, "Qwen/Qwen3.5-35B-A3B"),
+    ("qwen4-exp", "Qwen4ExpForConditionalGeneration", "Qwen3VLProcessor", "Qwen3VLVideoProcessor",
+     QWEN3_IMAGE_PARAMS, "Qwen/Qwen3.8-Flash-Next"),
+)  # fmt: skip
+
+for _short, _arch, _proc, _video, _params, _example in _FAMILY:
+    register(
+        AdapterInfo(
+            short_name=_short,
+            architecture=_arch,
+            processor_cls=QwenVLProcessor,
+            build_hf_processor=_builder(_proc, _video, _params),
+            example_models=_example,
+        )
+    )

@@ -1,0 +1,282 @@
+"""A byte-bounded LRU cache behind aiocache's interface.
+
+:class:`ByteLRUCache` stores Python objects as they are (no serializer) and bounds them by their
+size in bytes, measured by a ``sizeof`` callable (default :func:`nbytes_of`). Because it is an
+``aiocache.base.BaseCache``, a Redis or memcached backend can take its place later.
+
+Thread safety: none. Every method must be called from the event-loop thread; no method suspends,
+so each operation is atomic with respect to other tasks on that loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from aiocache.base import BaseCache
+from aiocache.serializers import BaseSerializer, NullSerializer
+
+__all__ = ("DEFAULT_CAPACITY_BYTES", "ByteLRUCache", "CacheStatistics", "nbytes_of")
+
+logger = structlog.get_logger(__name__)
+
+#: 4 GiB, vLLM's default per-process multimodal cache size.
+DEFAULT_CAPACITY_BYTES = 4 * 1024**3
+
+
+def nbytes_of(value: Any) -> int:
+    """Return the bytes held by the tensors and arrays in ``value``; the default ``sizeof``.
+
+    An object with an ``nbytes`` attribute (torch tensors, numpy arrays, memoryviews) or an
+    ``nbytes()`` method counts as that many bytes; ``bytes``/``bytearray`` as their length; dicts,
+    lists, tuples, sets and dataclass instances as the sum of their members. Anything else counts
+    as 0. An object reached twice is counted once; views count their own ``nbytes`` even when
+    they share storage with another tensor.
+    """
+    seen: set[int] = set()
+
+    def visit(obj: Any) -> int:
+        if id(obj) in seen:
+            return 0
+        seen.add(id(obj))
+        nbytes = getattr(obj, "nbytes", None)
+        if nbytes is not None:
+            return int(nbytes() if callable(nbytes) else nbytes)
+        if isinstance(obj, (bytes, bytearray)):
+            return len(obj)
+        if isinstance(obj, (str, int, float)):
+            return 0
+        if isinstance(obj, dict):
+            return sum(visit(v) for v in obj.values())
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            return sum(visit(v) for v in obj)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return sum(visit(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+        return 0
+
+    return visit(value)
+
+
+@dataclass(frozen=True)
+class CacheStatistics:
+    """A snapshot of a :class:`ByteLRUCache`."""
+
+    entries: int
+    bytes: int
+    capacity_bytes: int
+    hits: int
+    misses: int
+    #: entries dropped to make room for new ones (not deletes, clears or TTL expiries)
+    evictions: int
+    #: values not stored because they alone exceed ``capacity_bytes``
+    oversize_skips: int
+
+
+@dataclass
+class _Entry:
+    value: Any
+    size: int
+    expires_at: float | None  # time.monotonic() deadline, None for no TTL
+
+
+def _same(a: Any, b: Any) -> bool:
+    # Identity for tensors (== is elementwise); equality for the scalars redlock and CAS tokens use.
+    return a is b or (isinstance(a, (str, bytes, int, float)) and type(a) is type(b) and a == b)
+
+
+class ByteLRUCache(BaseCache):  # type: ignore[misc]  # aiocache is untyped
+    """An in-process cache bounded in bytes that evicts the least recently used entries.
+
+    ``set`` returns ``False`` (and stores nothing, dropping any previous value of the key) when the
+    value alone is larger than ``capacity_bytes``; the caller then serves it uncached. ``get``
+    refreshes an entry's recency, :meth:`peek` does not. A value of ``None`` reads as a miss, as
+    in every aiocache backend.
+
+    TTLs are optional and lazy: an expired entry is dropped when it is next read, or evicted in
+    LRU order like any other. ``timeout`` defaults to ``None`` because aiocache implements
+    timeouts with ``asyncio.wait_for``, and no operation here ever blocks.
+
+    :param capacity_bytes: the byte budget, default 4 GiB.
+    :param sizeof: measures a value in bytes, default :func:`nbytes_of`.
+    :raises ValueError: if ``capacity_bytes`` is negative.
+    """
+
+    NAME = "byte_lru"
+
+    def __init__(
+        self,
+        capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
+        *,
+        sizeof: Callable[[Any], int] = nbytes_of,
+        serializer: BaseSerializer | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"{capacity_bytes=} should be a non-negative number of bytes")
+        super().__init__(serializer=serializer or NullSerializer(), timeout=timeout, **kwargs)
+        self.capacity_bytes = capacity_bytes
+        self._sizeof = sizeof
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._bytes = 0
+        self._hits = 0
+        self._misses = 0
+        self._evictions = 0
+        self._oversize_skips = 0
+
+    # -- synchronous helpers -------------------------------------------------------------------
+
+    def peek(self, key: str, namespace: str | None = None) -> Any:
+        """Return the value of ``key`` or ``None``, without refreshing it or counting a hit."""
+        entry = self._live(self.build_key(key, namespace=namespace))
+        return None if entry is None else entry.value
+
+    def statistics(self) -> CacheStatistics:
+        """Return a snapshot of the cache's size and counters."""
+        return CacheStatistics(
+            entries=len(self._entries),
+            bytes=self._bytes,
+            capacity_bytes=self.capacity_bytes,
+            hits=self._hits,
+            misses=self._misses,
+            evictions=self._evictions,
+            oversize_skips=self._oversize_skips,
+        )
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _live(self, key: str) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None and entry.expires_at is not None and entry.expires_at <= _now():
+            self._remove(key)
+            return None
+        return entry
+
+    def _remove(self, key: str) -> bool:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self._bytes -= entry.size
+        return True
+
+    def _lookup(self, key: str) -> Any:
+        entry = self._live(key)
+        if entry is None:
+            self._misses += 1
+            return None
+        self._hits += 1
+        self._entries.move_to_end(key)
+        return entry.value
+
+    def _store(self, key: str, value: Any, ttl: float | None) -> bool:
+        size = self._sizeof(value)
+        if size < 0:
+            raise ValueError(f"sizeof returned {size} bytes for key {key!r}")
+        # A value that cannot be stored still replaces the old one: reads must never go stale.
+        self._remove(key)
+        if size > self.capacity_bytes:
+            self._oversize_skips += 1
+            logger.debug("cache_oversize_skip", size=size, capacity_bytes=self.capacity_bytes)
+            return False
+        while self._bytes + size > self.capacity_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.size
+            self._evictions += 1
+        expires_at = _now() + ttl if ttl else None
+        self._entries[key] = _Entry(value, size, expires_at)
+        self._bytes += size
+        return True
+
+    # -- aiocache backend hooks ----------------------------------------------------------------
+
+    async def _get(self, key: str, encoding: str | None = "utf-8", _conn: Any = None) -> Any:
+        return self._lookup(key)
+
+    async def _gets(self, key: str, encoding: str | None = "utf-8", _conn: Any = None) -> Any:
+        return self._lookup(key)
+
+    async def _multi_get(
+        self, keys: Iterable[str], encoding: str | None = "utf-8", _conn: Any = None
+    ) -> list[Any]:
+        return [self._lookup(key) for key in keys]
+
+    async def _set(
+        self,
+        key: str,
+        value: Any,
+        ttl: float | None = None,
+        _cas_token: Any = None,
+        _conn: Any = None,
+    ) -> bool:
+        if _cas_token is not None:
+            entry = self._live(key)
+            if entry is None or not _same(entry.value, _cas_token):
+                return False
+        return self._store(key, value, ttl)
+
+    async def _multi_set(
+        self, pairs: Iterable[tuple[str, Any]], ttl: float | None = None, _conn: Any = None
+    ) -> bool:
+        for key, value in pairs:
+            self._store(key, value, ttl)
+        return True
+
+    async def _add(self, key: str, value: Any, ttl: float | None = None, _conn: Any = None) -> bool:
+        if self._live(key) is not None:
+            raise ValueError(f"Key {key} already exists, use .set to update the value")
+        return self._store(key, value, ttl)
+
+    async def _exists(self, key: str, _conn: Any = None) -> bool:
+        return self._live(key) is not None
+
+    async def _increment(self, key: str, delta: int, _conn: Any = None) -> int:
+        entry = self._live(key)
+        if entry is None:
+            self._store(key, delta, None)
+            return delta
+        try:
+            value = int(entry.value) + delta
+        except (TypeError, ValueError):
+            raise TypeError("Value is not an integer") from None
+        entry.value = value
+        return value
+
+    async def _expire(self, key: str, ttl: float | None, _conn: Any = None) -> bool:
+        entry = self._live(key)
+        if entry is None:
+            return False
+        entry.expires_at = _now() + ttl if ttl else None
+        return True
+
+    async def _delete(self, key: str, _conn: Any = None) -> int:
+        return int(self._remove(key))
+
+    async def _clear(self, namespace: str | None = None, _conn: Any = None) -> bool:
+        if namespace:
+            for key in [k for k in self._entries if k.startswith(namespace)]:
+                self._remove(key)
+        else:
+            self._entries.clear()
+            self._bytes = 0
+        return True
+
+    async def _raw(self, command: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no underlying client for {command!r}")
+
+    async def _redlock_release(self, key: str, value: Any) -> int:
+        entry = self._live(key)
+        if entry is not None and _same(entry.value, value):
+            return int(self._remove(key))
+        return 0
+
+    async def _close(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _now() -> float:
+    return time.monotonic()

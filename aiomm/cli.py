@@ -1,0 +1,165 @@
+"""``aiomm run``: stream images through the engine, write JSON lines, print a summary.
+
+With no sources it runs on the embedded defaults: the Qwen2-VL adapter built offline and sample
+images generated into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import anyio
+
+from aiomm.config import EngineConfig
+from aiomm.decode import DecodeConfig
+from aiomm.fetch import FetchConfig
+from aiomm.logging import configure_logging
+from aiomm.stats import percentile
+from aiomm.types import Request, Result
+
+__all__ = ("main",)
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def _expand_sources(sources: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            out.extend(str(p) for p in sorted(path.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES)
+        else:
+            out.append(source)
+    return out
+
+
+def _requests(sources: list[str], per_request: int, repeats: int) -> Iterator[Request]:
+    index = 0
+    for _ in range(repeats):
+        for start in range(0, len(sources), per_request):
+            images = sources[start : start + per_request]
+            text = " ".join(["<|im_start|>user describe the image", *[PLACEHOLDER] * len(images),
+                             "<|im_end|>"])  # fmt: skip
+            yield Request(prompt=text, images=images, request_id=f"req-{index:05d}")
+            index += 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aiomm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="stream images through the engine")
+    run.add_argument("sources", nargs="*", help="image files, folders or URLs")
+    run.add_argument("--model", default="qwen2-vl", help="architecture, short name or folder")
+    run.add_argument("--backend", choices=["torchvision", "pil"], default="torchvision")
+    run.add_argument("--output", type=Path, help="JSON lines output (default: in a temp folder)")
+    run.add_argument("--images-per-request", type=int, default=1)
+    run.add_argument("--repeats", type=int, default=1, help="pass over the sources N times")
+    run.add_argument("--threads", type=int, help="transform threads (default: one per core)")
+    run.add_argument("--max-in-flight", type=int, default=16)
+    run.add_argument("--samples", type=int, default=24, help="sample images without sources")
+    run.add_argument("--allowed-root", type=Path, help="local files allowed under this folder")
+    run.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``aiomm`` command."""
+    args = _parser().parse_args(argv)
+    configure_logging(level="WARNING")
+    with tempfile.TemporaryDirectory(prefix="aiomm-run-") as tmp:
+        sources = _expand_sources(args.sources)
+        root = args.allowed_root
+        if not sources:
+            from aiomm.samples import write_samples
+
+            sources = [str(p) for p in write_samples(Path(tmp) / "samples", args.samples)]
+            root = Path(tmp)
+            # the embedded defaults show the cache at work: every image is seen twice
+            args.repeats = max(args.repeats, 2)
+        if root is None:
+            # Paths named on the command line are the user's own choice: allow the filesystem.
+            root = Path(Path.cwd().anchor)
+        output = args.output or Path(tempfile.gettempdir()) / "aiomm-run-results.jsonl"
+        return anyio.run(_run, args, sources, root, output, backend_options=_backend())
+
+
+def _backend() -> dict[str, object]:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:  # pragma: no cover - Windows
+        return {}
+    return {"use_uvloop": True}
+
+
+async def _run(args: argparse.Namespace, sources: list[str], root: Path | None,
+               output: Path) -> int:  # fmt: skip
+    from aiomm.engine import Engine
+
+    kwargs = {} if args.threads is None else {"transform_threads": args.threads}
+    config = EngineConfig(
+        max_in_flight=args.max_in_flight,
+        torch_threads=1,
+        fetch=FetchConfig(allowed_local_root=root),
+        decode=DecodeConfig(),
+        **kwargs,
+    )
+    engine = Engine.from_pretrained(args.model, config, backend=args.backend)
+    requests = list(_requests(sources, args.images_per_request, args.repeats))
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=len(requests), unit="req", file=sys.stderr, leave=False)
+    results: list[Result] = []
+    t0 = time.perf_counter()
+    async with engine:
+        with output.open("w") as sink:
+            async with engine.stream(requests, max_in_flight=args.max_in_flight) as stream:
+                async for result in stream:
+                    results.append(result)
+                    sink.write(json.dumps(result.summary()) + "\n")
+                    if progress is not None:
+                        progress.update(1)
+        elapsed = time.perf_counter() - t0
+        stats = engine.stats()
+    if progress is not None:
+        progress.close()
+    _print_summary(results, elapsed, stats, output)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _print_summary(results: list[Result], elapsed: float, stats: object, output: Path) -> None:
+    ok = [r for r in results if r.ok]
+    images = sum(len(r.cache) for r in ok)
+    latencies = sorted(r.timings.get("total", 0.0) for r in ok)
+    outcomes = [c.value for r in ok for c in r.cache]
+    hits = sum(o in ("hit", "joined") for o in outcomes)
+    rows = [
+        ("requests", f"{len(results)} ({len(results) - len(ok)} failed)"),
+        ("images", str(images)),
+        ("wall time", f"{elapsed:.2f} s"),
+        ("images/s", f"{images / elapsed:.1f}" if elapsed else "-"),
+        ("requests/s", f"{len(results) / elapsed:.1f}" if elapsed else "-"),
+        ("latency p50", f"{percentile(latencies, 50) * 1000:.1f} ms"),
+        ("latency p99", f"{percentile(latencies, 99) * 1000:.1f} ms"),
+        ("cache hit rate", f"{hits / len(outcomes):.0%}" if outcomes else "-"),
+        ("results", str(output)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("aiomm run summary")
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+    for r in results:
+        if not r.ok:
+            print(f"  error {r.request_id}: {type(r.error).__name__}: {r.error}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

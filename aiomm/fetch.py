@@ -1,0 +1,646 @@
+"""The fetch stage: an image source (URL, ``data:`` URL, local path or bytes) -> encoded bytes.
+
+Runs on the event loop (async I/O); local files are read in a worker thread. Every source kind is
+capped at :attr:`FetchConfig.max_bytes`.
+
+SSRF guard. Each HTTP connection is opened by :class:`_GuardedNetworkBackend`, which resolves the
+host once, refuses the connection when *any* resolved address is not allowed, and then connects to
+one of the addresses it checked. Checking and connecting on the same resolution leaves no window
+for DNS rebinding, while TLS (SNI, certificate check) and connection pooling still use the host
+name. Redirects are followed here, not by httpx, so every hop's scheme is checked, and every new
+connection a hop needs goes through the same backend.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import http.cookiejar
+import ipaddress
+import os
+import re
+import socket
+import stat
+import types
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, unquote_to_bytes, urljoin, urlsplit
+
+import anyio
+import httpcore
+import httpx
+import structlog
+
+from aiomm.errors import (
+    AiommError,
+    BlockedAddressError,
+    DownloadTooLargeError,
+    FetchError,
+    FetchTimeoutError,
+    HTTPStatusError,
+    InvalidSourceError,
+    PathNotAllowedError,
+    TooManyRedirectsError,
+)
+
+__all__ = (
+    "METADATA_ADDRESSES",
+    "FetchConfig",
+    "FetchStatistics",
+    "MediaFetcher",
+    "address_refusal",
+)
+
+log = structlog.get_logger(__name__)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: Cloud instance-metadata endpoints (AWS/GCP/Azure/Oracle, AWS IPv6, AWS ECS, Alibaba): refused
+#: even when private or link-local addresses are allowed, unless ``allowed_networks`` names them.
+METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
+    ipaddress.ip_address(a)
+    for a in ("169.254.169.254", "fd00:ec2::254", "169.254.170.2", "100.100.100.200")
+)
+
+_PRIVATE_NETWORKS: tuple[IPNetwork, ...] = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",  # carrier-grade NAT
+        "fc00::/7",  # unique-local
+        "fec0::/10",  # deprecated site-local
+    )
+)
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+# A scheme needs two or more characters, so a Windows drive letter ("C:\\x") stays a path.
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+_DATA_URL_SHOWN = 40
+_URL_SHOWN = 200
+# base64 payloads above this size are decoded in a worker thread, not on the loop.
+_DATA_URL_THREAD_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """Limits and the address policy of a :class:`MediaFetcher`.
+
+    Address policy: public addresses are allowed. Loopback needs ``allow_loopback``; private
+    (RFC 1918, CGNAT, unique-local) and link-local need ``allow_private_addresses``. Cloud
+    metadata (:data:`METADATA_ADDRESSES`), unspecified (``0.0.0.0``, ``::``), multicast and
+    reserved/documentation ranges are always refused. ``allowed_networks`` overrides all of it:
+    an address inside one of those networks is allowed whatever its kind.
+    """
+
+    #: seconds to resolve the host and open the TCP (and TLS) connection
+    connect_timeout: float = 5.0
+    #: seconds without receiving any data
+    read_timeout: float = 10.0
+    #: seconds for the whole fetch, redirects included (bounds slow-drip servers)
+    total_timeout: float = 60.0
+    #: largest body accepted, for every source kind
+    max_bytes: int = 64 * 2**20
+    #: redirects followed before TooManyRedirectsError
+    max_redirects: int = 3
+    allow_loopback: bool = False
+    allow_private_addresses: bool = False
+    #: networks always allowed (strings are parsed), e.g. ``("10.1.0.0/16",)`` for an internal CDN
+    allowed_networks: tuple[IPNetwork, ...] = ()
+    #: local paths and ``file:`` URLs are read only under this directory; None refuses them all
+    allowed_local_root: Path | None = None
+    user_agent: str = "aiomm/0.1"
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout", "read_timeout", "total_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be positive")
+        if self.max_bytes < 1:
+            raise ValueError(f"max_bytes={self.max_bytes!r} must be positive")
+        if self.max_redirects < 0:
+            raise ValueError(f"max_redirects={self.max_redirects!r} must be >= 0")
+        networks = tuple(ipaddress.ip_network(n) for n in self.allowed_networks)
+        object.__setattr__(self, "allowed_networks", networks)
+        if self.allowed_local_root is not None:
+            object.__setattr__(self, "allowed_local_root", Path(self.allowed_local_root))
+
+
+@dataclass(frozen=True)
+class FetchStatistics:
+    """A snapshot of a :class:`MediaFetcher`'s counters."""
+
+    #: ``fetch()`` calls started
+    requests: int
+    #: bytes returned by successful fetches (all source kinds)
+    bytes_downloaded: int
+    #: failed fetches by exception class name
+    errors: types.MappingProxyType[str, int]
+    #: ``fetch()`` calls running now
+    in_flight: int
+    #: HTTP redirects followed
+    redirects: int
+
+
+def address_refusal(address: IPAddress, config: FetchConfig) -> str | None:
+    """Why ``config`` refuses a connection to ``address`` ("loopback", "metadata", ...); None if
+    it is allowed."""
+    embedded = _embedded_ipv4(address)
+    candidates = (address,) if embedded is None else (address, embedded)
+    for net in config.allowed_networks:
+        if any(a in net for a in candidates):
+            return None
+    kind = _address_kind(embedded if embedded is not None else address)
+    if kind is None:
+        return None
+    if kind == "loopback" and config.allow_loopback:
+        return None
+    if kind in ("private", "link-local") and config.allow_private_addresses:
+        return None
+    return kind
+
+
+def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    # An IPv4 address carried in IPv6 (mapped, 6to4, NAT64) reaches that IPv4 host, so it is
+    # judged as that host: ::ffff:169.254.169.254 is the metadata service.
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def _address_kind(address: IPAddress) -> str | None:
+    if address in METADATA_ADDRESSES:
+        return "metadata"
+    if address.is_unspecified:
+        # Linux connects 0.0.0.0 to the local host, so it is never a loopback opt-in.
+        return "unspecified"
+    if address.is_loopback:
+        return "loopback"
+    if address.is_multicast:
+        return "multicast"
+    if address.is_link_local:
+        return "link-local"
+    if any(address in net for net in _PRIVATE_NETWORKS):
+        return "private"
+    if not address.is_global:
+        return "reserved"
+    return None
+
+
+class _RefusedAddress(Exception):
+    """Raised inside the transport; :meth:`MediaFetcher.fetch` turns it into a
+    BlockedAddressError that names the URL."""
+
+    def __init__(self, host: str, address: IPAddress, kind: str) -> None:
+        self.host = host
+        self.address = address
+        self.kind = kind
+        super().__init__(f"{host} resolves to {address} ({kind})")
+
+
+class _GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
+    """Resolves once, checks every address, connects only to a checked address."""
+
+    def __init__(self, config: FetchConfig) -> None:
+        self._config = config
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        host = host.strip("[]")
+        with anyio.move_on_after(timeout) as scope:
+            addresses = await self._resolve(host, port)
+        if scope.cancelled_caught:
+            raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than {timeout} s")
+        for address in addresses:
+            kind = address_refusal(address, self._config)
+            if kind is not None:
+                raise _RefusedAddress(host, address, kind)
+        last: Exception | None = None
+        for address in addresses:
+            remaining = None if deadline is None else max(deadline - anyio.current_time(), 0.0)
+            try:
+                return await self._inner.connect_tcp(
+                    str(address),
+                    port,
+                    timeout=remaining,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except httpcore.ConnectError as exc:  # try the next address, as getaddrinfo users do
+                last = exc
+        assert last is not None
+        raise last
+
+    async def _resolve(self, host: str, port: int) -> list[IPAddress]:
+        try:
+            return [ipaddress.ip_address(host)]
+        except ValueError:
+            pass
+        try:
+            infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
+        addresses: list[IPAddress] = []
+        for family, _type, _proto, _name, sockaddr in infos:
+            if family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+            if address not in addresses:
+                addresses.append(address)
+        if not addresses:
+            raise httpcore.ConnectError(f"{host!r} has no IPv4 or IPv6 address")
+        return addresses
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("unix sockets are not fetched")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class _GuardedTransport(httpx.AsyncHTTPTransport):
+    def __init__(self, config: FetchConfig, limits: httpx.Limits) -> None:
+        ssl_context = httpx.create_ssl_context(trust_env=False)
+        super().__init__(verify=ssl_context, trust_env=False, limits=limits)
+        # httpx has no public hook for the connect step, so the pool it just built (nothing is
+        # opened yet) is replaced by the same pool on the guarded network backend.
+        # tests/media/test_fetch.py::test_hostname_resolving_to_loopback_is_refused fails if
+        # httpx ever stops sending requests through ``_pool``.
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_GuardedNetworkBackend(config),
+        )
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"  # created; ``async with`` (or ``__aenter__``) not yet called
+    OPENED = "opened"  # the HTTP client exists and fetches are accepted
+    CLOSED = "closed"  # ``aclose()`` ran; the fetcher cannot be reopened
+
+
+def _shown(url: str) -> str:
+    """The URL as error messages show it: data URLs cut short, userinfo removed."""
+    if url[:5].lower() == "data:":
+        return url[:_DATA_URL_SHOWN] + ("..." if len(url) > _DATA_URL_SHOWN else "")
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    return url[:_URL_SHOWN] + ("..." if len(url) > _URL_SHOWN else "")
+
+
+class MediaFetcher:
+    """Turns an image source into its encoded bytes; an async resource owning one HTTP client.
+
+    Use ``async with MediaFetcher(config) as fetcher: data = await fetcher.fetch(source)``.
+    Safe to share between tasks of one event loop.
+    """
+
+    def __init__(self, config: FetchConfig | None = None) -> None:
+        self.config = config if config is not None else FetchConfig()
+        self._state = _State.UNOPENED
+        self._client: httpx.AsyncClient | None = None
+        self._requests = 0
+        self._bytes = 0
+        self._errors: Counter[str] = Counter()
+        self._in_flight = 0
+        self._redirects = 0
+
+    async def __aenter__(self) -> MediaFetcher:
+        if self._state is not _State.UNOPENED:
+            raise RuntimeError(
+                f"a MediaFetcher can be opened once; this one is {self._state.value}"
+            )
+        cfg = self.config
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+        self._client = httpx.AsyncClient(
+            transport=_GuardedTransport(cfg, limits),
+            follow_redirects=False,
+            # pool=None: waiting for a free connection is bounded by total_timeout instead.
+            timeout=httpx.Timeout(
+                connect=cfg.connect_timeout,
+                read=cfg.read_timeout,
+                write=cfg.read_timeout,
+                pool=None,
+            ),
+            # Never proxies or .netrc credentials from the environment: a proxy would connect
+            # on our behalf and bypass the address guard.
+            trust_env=False,
+            # One client serves every request's URLs, so no cookie set by one source may be
+            # sent with another's request.
+            cookies=_no_cookies(),
+            headers={"User-Agent": cfg.user_agent, "Accept-Encoding": "identity"},
+        )
+        self._state = _State.OPENED
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and its connections; idempotent."""
+        self._state = _State.CLOSED
+        client, self._client = self._client, None
+        if client is not None:
+            with anyio.move_on_after(5, shield=True):
+                await client.aclose()
+
+    def statistics(self) -> FetchStatistics:
+        """Return a snapshot of the counters."""
+        return FetchStatistics(
+            requests=self._requests,
+            bytes_downloaded=self._bytes,
+            errors=types.MappingProxyType(dict(self._errors)),
+            in_flight=self._in_flight,
+            redirects=self._redirects,
+        )
+
+    async def fetch(self, source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> bytes:
+        """Return the encoded bytes of ``source``.
+
+        ``source`` is an ``http(s)://`` URL, a ``data:`` URL, a ``file:`` URL, a local path (a
+        string or path-like; a relative one is taken relative to ``allowed_local_root``), or
+        bytes (returned as they are, size-capped).
+
+        :raises InvalidSourceError: malformed URL or data URL, or an unsupported scheme or type.
+        :raises BlockedAddressError: the host, or a redirect's host, resolves to a refused address.
+        :raises PathNotAllowedError: a local path outside ``allowed_local_root``.
+        :raises DownloadTooLargeError: more than ``max_bytes``.
+        :raises TooManyRedirectsError: more than ``max_redirects`` redirects.
+        :raises FetchTimeoutError: connect, read or total timeout.
+        :raises HTTPStatusError: a non-2xx final status (``status_code`` holds it).
+        :raises FetchError: anything else that kept the bytes from arriving.
+        """
+        if self._state is not _State.OPENED:
+            raise RuntimeError(
+                f"this MediaFetcher is {self._state.value}; use `async with MediaFetcher(...)`"
+            )
+        self._requests += 1
+        self._in_flight += 1
+        try:
+            data = await self._fetch(source)
+        except AiommError as exc:
+            self._errors[type(exc).__name__] += 1
+            raise
+        finally:
+            self._in_flight -= 1
+        self._bytes += len(data)
+        return data
+
+    async def _fetch(self, source: Any) -> bytes:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data = bytes(source)
+            self._check_size(len(data), "in-memory bytes")
+            return data
+        if isinstance(source, os.PathLike):
+            path = Path(os.fsdecode(os.fspath(source)))
+            return await self._read_local(path, shown=str(path))
+        if not isinstance(source, str):
+            raise InvalidSourceError(
+                f"unsupported source type {type(source).__name__}; expected a URL, a path or bytes"
+            )
+        match = _SCHEME.match(source)
+        scheme = match.group(1).lower() if match else None
+        if scheme is None:
+            return await self._read_local(Path(source), shown=source)
+        if scheme in ("http", "https"):
+            with anyio.move_on_after(self.config.total_timeout):
+                return await self._fetch_http(source)
+            raise FetchTimeoutError(
+                f"download took longer than {self.config.total_timeout} s", source=_shown(source)
+            )
+        if scheme == "data":
+            return await self._decode_data_url(source)
+        if scheme == "file":
+            return await self._read_local(_file_url_path(source), shown=_shown(source))
+        raise InvalidSourceError(
+            f"unsupported URL scheme {scheme!r}; expected http, https, data or file",
+            source=_shown(source),
+        )
+
+    def _check_size(self, size: int, what: str, source: str | None = None) -> None:
+        if size > self.config.max_bytes:
+            raise DownloadTooLargeError(
+                f"{what} is {size} bytes, above the limit of {self.config.max_bytes} bytes",
+                source=source,
+            )
+
+    # -- http(s) -------------------------------------------------------------------------------
+
+    async def _fetch_http(self, url: str) -> bytes:
+        assert self._client is not None
+        current = url
+        redirects = 0
+        while True:
+            target = _parse_http_url(current, first=redirects == 0)
+            try:
+                async with self._client.stream("GET", target) as response:
+                    if response.has_redirect_location:
+                        if redirects == self.config.max_redirects:
+                            raise TooManyRedirectsError(
+                                f"more than {self.config.max_redirects} redirects",
+                                source=_shown(url),
+                            )
+                        location = response.headers["Location"]
+                        current = urljoin(str(response.url), location)
+                        redirects += 1
+                        self._redirects += 1
+                        log.debug(
+                            "fetch.redirect", url=_shown(url), hop=redirects, to=_shown(current)
+                        )
+                        continue
+                    if not response.is_success:
+                        raise _status_error(response.status_code, _shown(current))
+                    return await self._read_body(response, _shown(current))
+            except _RefusedAddress as exc:
+                log.warning(
+                    "fetch.refused_address",
+                    url=_shown(current),
+                    host=exc.host,
+                    address=str(exc.address),
+                    kind=exc.kind,
+                )
+                hop = f"redirect {redirects} of {_shown(url)}: " if redirects else ""
+                raise BlockedAddressError(
+                    f"{hop}{exc.host} resolves to {exc.address}, a {exc.kind} address the "
+                    "fetcher does not connect to",
+                    source=_shown(current),
+                ) from None
+            except httpx.TimeoutException as exc:
+                raise FetchTimeoutError(self._timeout_message(exc), source=_shown(current)) from exc
+            except httpx.InvalidURL as exc:
+                # httpx also parses a redirect's Location while building ``next_request``
+                raise InvalidSourceError(
+                    f"invalid URL or redirect Location: {exc}", source=_shown(current)
+                ) from exc
+            except httpx.HTTPError as exc:
+                raise FetchError(
+                    f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                    source=_shown(current),
+                ) from exc
+
+    async def _read_body(self, response: httpx.Response, shown: str) -> bytes:
+        declared = response.headers.get("Content-Length")
+        if declared is not None and declared.isdigit():
+            self._check_size(int(declared), "the declared Content-Length", shown)
+        chunks: list[bytes] = []
+        total = 0
+        async for chunk in response.aiter_bytes():
+            total += len(chunk)
+            # abort mid-stream: the rest of an oversized body is never read
+            self._check_size(total, "the body read so far", shown)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _timeout_message(self, exc: httpx.TimeoutException) -> str:
+        if isinstance(exc, httpx.ConnectTimeout):
+            return f"connecting took longer than {self.config.connect_timeout} s"
+        if isinstance(exc, httpx.ReadTimeout):
+            return f"no data received for {self.config.read_timeout} s"
+        if isinstance(exc, httpx.WriteTimeout):
+            return f"sending the request took longer than {self.config.read_timeout} s"
+        return f"timed out ({type(exc).__name__})"
+
+    # -- data: ---------------------------------------------------------------------------------
+
+    async def _decode_data_url(self, url: str) -> bytes:
+        shown = _shown(url)
+        header, comma, payload = url[5:].partition(",")
+        if not comma:
+            raise InvalidSourceError("malformed data URL: no ',' before the payload", source=shown)
+        params = [p.strip().lower() for p in header.split(";")]
+        if params[-1] != "base64":
+            data = unquote_to_bytes(payload)
+            self._check_size(len(data), "the data URL payload", shown)
+            return data
+        # Estimate first, so an oversized payload is refused without decoding it.
+        self._check_size(len(payload) // 4 * 3 - payload[-2:].count("="), "data URL", shown)
+        try:
+            if len(payload) > _DATA_URL_THREAD_BYTES:
+                data = await anyio.to_thread.run_sync(_b64decode, payload)
+            else:
+                data = _b64decode(payload)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidSourceError(f"malformed base64 in data URL: {exc}", source=shown) from exc
+        self._check_size(len(data), "the data URL payload", shown)
+        return data
+
+    # -- local files ---------------------------------------------------------------------------
+
+    async def _read_local(self, path: Path, *, shown: str) -> bytes:
+        root = self.config.allowed_local_root
+        if root is None:
+            raise PathNotAllowedError(
+                "local paths are disabled (FetchConfig.allowed_local_root is None)", source=shown
+            )
+        return await anyio.to_thread.run_sync(
+            _read_under_root, path, root, self.config.max_bytes, shown
+        )
+
+
+def _no_cookies() -> http.cookiejar.CookieJar:
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+
+
+def _status_error(status: int, shown: str) -> HTTPStatusError:
+    exc = HTTPStatusError(f"HTTP status {status}", source=shown)
+    # errors.py does not take the field yet; callers read ``exc.status_code``.
+    exc.status_code = status  # type: ignore[attr-defined]
+    return exc
+
+
+def _parse_http_url(url: str, *, first: bool) -> httpx.URL:
+    what = "URL" if first else "redirect target"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise InvalidSourceError(f"invalid {what}: {exc}", source=_shown(url)) from exc
+    if parsed.scheme not in ("http", "https"):
+        # A redirect may not leave http(s): never to file:, data: or anything else.
+        raise InvalidSourceError(
+            f"{what} has scheme {parsed.scheme!r}; only http and https are fetched",
+            source=_shown(url),
+        )
+    if not parsed.host:
+        raise InvalidSourceError(f"{what} has no host", source=_shown(url))
+    return parsed
+
+
+def _b64decode(payload: str) -> bytes:
+    return base64.b64decode(payload, validate=True)
+
+
+def _file_url_path(url: str) -> Path:
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise InvalidSourceError(
+            f"file URL names host {parts.netloc!r}; only local files are read", source=_shown(url)
+        )
+    if parts.query or parts.fragment:
+        raise InvalidSourceError("file URL has a query or fragment", source=_shown(url))
+    return Path(unquote(parts.path))
+
+
+def _read_under_root(path: Path, root: Path, max_bytes: int, shown: str) -> bytes:
+    """Worker thread: read ``path`` if, symlinks and ``..`` resolved, it lies under ``root``."""
+    try:
+        real_root = root.resolve()
+        resolved = (path if path.is_absolute() else real_root / path).resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop before Python 3.13
+        raise FetchError(f"cannot resolve the path: {exc}", source=shown) from exc
+    except ValueError as exc:  # e.g. an embedded NUL
+        raise InvalidSourceError(f"invalid path: {exc}", source=shown) from exc
+    # The root itself is not shown: it is the server's layout, not the caller's business.
+    if not resolved.is_relative_to(real_root):
+        raise PathNotAllowedError("path is outside the allowed local root", source=shown)
+    # O_NONBLOCK: opening a FIFO would otherwise block this thread until a writer appears.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(resolved, flags)
+    except FileNotFoundError as exc:
+        raise FetchError("no such file", source=shown) from exc
+    except OSError as exc:
+        raise FetchError(f"cannot open the file: {exc.strerror}", source=shown) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FetchError("not a regular file", source=shown)
+        if st.st_size > max_bytes:
+            raise DownloadTooLargeError(
+                f"file is {st.st_size} bytes, above the limit of {max_bytes} bytes", source=shown
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb", closefd=True) as f:
+        # read one byte past the cap: the file may have grown since fstat
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise DownloadTooLargeError(f"file is more than {max_bytes} bytes, the limit", source=shown)
+    return data

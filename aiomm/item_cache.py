@@ -1,0 +1,169 @@
+"""The processed-item cache: a cache backend plus single-flight deduplication of misses.
+
+A request first reads the backend; on a miss it joins (or starts) the single computation of that
+key, whose result is stored before any caller wakes, unless :meth:`ItemCache.clear` ran meanwhile.
+
+Thread safety: none. Use it from the event-loop thread only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiocache.base import BaseCache
+from anyio.abc import TaskGroup
+
+from .cache import DEFAULT_CAPACITY_BYTES, ByteLRUCache, CacheStatistics
+from .singleflight import SingleFlight
+
+__all__ = ("CacheOutcome", "ItemCache", "ItemCacheStatistics")
+
+T = TypeVar("T")
+
+
+class CacheOutcome(enum.Enum):
+    """How :meth:`ItemCache.get_or_compute` obtained a value."""
+
+    #: read from the backend
+    HIT = "hit"
+    #: computed by the computation this caller started, and stored
+    MISS = "miss"
+    #: the result of a computation another caller started
+    JOINED = "joined"
+    #: computed by the computation this caller started, but not stored: the backend refused it
+    #: (larger than the whole cache) or :meth:`ItemCache.clear` ran while it was computed
+    UNCACHED = "uncached"
+
+
+@dataclass(frozen=True)
+class ItemCacheStatistics:
+    """A snapshot of an :class:`ItemCache`; byte and entry figures are 0 for foreign backends."""
+
+    hits: int
+    misses: int
+    joins: int
+    uncached: int
+    #: computations that raised (every caller of one got the exception)
+    failures: int
+    in_flight: int
+    entries: int
+    bytes: int
+    capacity_bytes: int
+    evictions: int
+    oversize_skips: int
+
+
+class ItemCache:
+    """Looks items up in a cache backend and computes each missing key once.
+
+    Values must not be ``None``: aiocache reads a stored ``None`` as a miss.
+
+    :param task_group: where computations run (the Engine's); see :class:`SingleFlight`.
+    :param backend: any aiocache backend; default ``ByteLRUCache(capacity_bytes)``. Its ``set``
+        must return a falsy value when it did not store the value.
+    :param capacity_bytes: the byte budget of the default backend.
+    """
+
+    def __init__(
+        self,
+        task_group: TaskGroup,
+        backend: BaseCache | None = None,
+        *,
+        capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
+    ) -> None:
+        self._backend = backend if backend is not None else ByteLRUCache(capacity_bytes)
+        self._flight = SingleFlight(task_group)
+        self._hits = 0
+        self._misses = 0
+        self._joins = 0
+        self._uncached = 0
+
+    @property
+    def backend(self) -> BaseCache:
+        """The cache backend."""
+        return self._backend
+
+    async def get_or_compute(
+        self, key: str, compute: Callable[[], Awaitable[T]]
+    ) -> tuple[T, CacheOutcome]:
+        """Return the value of ``key``, computing and storing it with ``compute`` on a miss.
+
+        Cancelling the caller never cancels a computation other callers wait for; see
+        :class:`SingleFlight`.
+
+        :raises: whatever ``compute`` raised (failures are not cached).
+        """
+        value = await self._backend.get(key)
+        if value is not None:
+            self._hits += 1
+            return value, CacheOutcome.HIT
+
+        # Only the leader's closures run; they report how its value was obtained.
+        outcome = CacheOutcome.UNCACHED
+
+        async def compute_once() -> T:
+            nonlocal outcome
+            # A remote backend suspends in get(): another flight may have stored the key since.
+            cached = await self._backend.get(key)
+            if cached is not None:
+                outcome = CacheOutcome.HIT
+                return cached  # type: ignore[no-any-return]
+            return await compute()
+
+        async def store(result: T) -> None:
+            nonlocal outcome
+            if outcome is not CacheOutcome.HIT and await self._backend.set(key, result):
+                outcome = CacheOutcome.MISS
+
+        value, joined = await self._flight.do(key, compute_once, store=store)
+        if joined:
+            outcome = CacheOutcome.JOINED
+        self._count(outcome)
+        return value, outcome
+
+    def peek(self, key: str) -> Any:
+        """Return the cached value of ``key`` or ``None``, without refreshing or counting it.
+
+        Backends without a synchronous ``peek`` (remote ones) always answer ``None``.
+        """
+        peek = getattr(self._backend, "peek", None)
+        return None if peek is None else peek(key)
+
+    async def clear(self) -> None:
+        """Empty the backend; computations running now will not store their results."""
+        self._flight.invalidate()
+        await self._backend.clear()
+
+    def statistics(self) -> ItemCacheStatistics:
+        """Return a snapshot of the request outcomes, the computations and the backend."""
+        flights = self._flight.statistics()
+        stats = getattr(self._backend, "statistics", None)
+        backend = stats() if stats is not None else None
+        if not isinstance(backend, CacheStatistics):
+            backend = CacheStatistics(0, 0, 0, 0, 0, 0, 0)
+        return ItemCacheStatistics(
+            hits=self._hits,
+            misses=self._misses,
+            joins=self._joins,
+            uncached=self._uncached,
+            failures=flights.failures,
+            in_flight=flights.in_flight,
+            entries=backend.entries,
+            bytes=backend.bytes,
+            capacity_bytes=backend.capacity_bytes,
+            evictions=backend.evictions,
+            oversize_skips=backend.oversize_skips,
+        )
+
+    def _count(self, outcome: CacheOutcome) -> None:
+        if outcome is CacheOutcome.HIT:
+            self._hits += 1
+        elif outcome is CacheOutcome.MISS:
+            self._misses += 1
+        elif outcome is CacheOutcome.JOINED:
+            self._joins += 1
+        else:
+            self._uncached += 1

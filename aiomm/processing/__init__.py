@@ -1,0 +1,1 @@
+"""Multimodal processing: HF stages, prompt updates, per-item fields."""

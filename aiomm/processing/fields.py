@@ -1,0 +1,150 @@
+"""Per-item views of a processor's batched output.
+
+An HF processor returns one batch for all items of a request (e.g. Qwen's ``pixel_values`` rows of
+every image concatenated). Field configs say how each key splits into one entry per item, so a
+cache can store and reuse single items and merge them back in any combination, independently of
+how the original batch was formed or padded.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from aiomm.errors import ProcessingError
+
+__all__ = (
+    "FieldKind",
+    "MultiModalFieldConfig",
+    "MultiModalKwargsItem",
+    "merge_items",
+    "split_items",
+)
+
+
+class FieldKind(enum.Enum):
+    BATCHED = "batched"  #: item i is ``data[i]``; merged by stacking
+    FLAT = "flat"  #: item i is a run of ``sizes[i]`` along dim 0; merged by concatenation
+    SHARED = "shared"  #: the same value for every item; merged by taking one
+
+
+@dataclass(frozen=True)
+class MultiModalFieldConfig:
+    """How one output key splits into items of ``modality``."""
+
+    kind: FieldKind
+    modality: str
+    sizes: tuple[int, ...] | None = None
+    batch_size: int | None = None
+
+    @staticmethod
+    def batched(modality: str) -> MultiModalFieldConfig:
+        return MultiModalFieldConfig(FieldKind.BATCHED, modality)
+
+    @staticmethod
+    def flat_from_sizes(
+        modality: str, sizes: Sequence[int] | torch.Tensor
+    ) -> MultiModalFieldConfig:
+        if isinstance(sizes, torch.Tensor):
+            sizes = sizes.tolist()
+        return MultiModalFieldConfig(FieldKind.FLAT, modality, sizes=tuple(int(s) for s in sizes))
+
+    @staticmethod
+    def shared(modality: str, batch_size: int) -> MultiModalFieldConfig:
+        return MultiModalFieldConfig(FieldKind.SHARED, modality, batch_size=batch_size)
+
+    def split(self, key: str, value: Any) -> list[Any]:
+        """Split ``value`` into per-item values.
+
+        :raises ProcessingError: if the value's length does not fit the config.
+        """
+        if self.kind is FieldKind.BATCHED:
+            return list(value)
+        if self.kind is FieldKind.SHARED:
+            assert self.batch_size is not None
+            return [value] * self.batch_size
+        assert self.sizes is not None
+        total = sum(self.sizes)
+        if len(value) != total:
+            raise ProcessingError(
+                f"field {key!r} has {len(value)} rows but its item sizes {list(self.sizes)} "
+                f"add up to {total}"
+            )
+        out: list[Any] = []
+        start = 0
+        for size in self.sizes:
+            out.append(value[start : start + size])
+            start += size
+        return out
+
+    def merge(self, values: Sequence[Any]) -> Any:
+        """Merge per-item values back into one batch (the inverse of :meth:`split`)."""
+        if self.kind is FieldKind.SHARED:
+            return values[0]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            return (
+                torch.stack(list(values))
+                if self.kind is FieldKind.BATCHED
+                else torch.cat(list(values))
+            )
+        if self.kind is FieldKind.BATCHED:
+            return list(values)
+        return [x for v in values for x in v]
+
+
+@dataclass
+class MultiModalKwargsItem:
+    """The processor output of one item: its modality and, per key, its value and field config."""
+
+    modality: str
+    data: dict[str, Any]
+    fields: dict[str, MultiModalFieldConfig] = field(repr=False)
+
+    def nbytes(self) -> int:
+        """Bytes held by this item's tensors (what a cache counts)."""
+        return sum(v.nbytes for v in self.data.values() if isinstance(v, torch.Tensor))
+
+
+def split_items(
+    outputs: Mapping[str, Any], fields_config: Mapping[str, MultiModalFieldConfig]
+) -> dict[str, list[MultiModalKwargsItem]]:
+    """Split batched processor outputs into per-item entries, grouped by modality.
+
+    Keys without a config are dropped (text outputs, for instance).
+
+    :raises ProcessingError: if the keys of one modality disagree on the item count.
+    """
+    per_modality: dict[str, dict[str, list[Any]]] = {}
+    for key, config in fields_config.items():
+        if key in outputs:
+            per_modality.setdefault(config.modality, {})[key] = config.split(key, outputs[key])
+    result: dict[str, list[MultiModalKwargsItem]] = {}
+    for modality, values in per_modality.items():
+        counts = {key: len(v) for key, v in values.items()}
+        if len(set(counts.values())) != 1:
+            raise ProcessingError(f"the {modality} fields disagree on the item count: {counts}")
+        n = next(iter(counts.values()))
+        result[modality] = [
+            MultiModalKwargsItem(
+                modality,
+                {key: v[i] for key, v in values.items()},
+                {key: fields_config[key] for key in values},
+            )
+            for i in range(n)
+        ]
+    return result
+
+
+def merge_items(items: Sequence[MultiModalKwargsItem]) -> dict[str, Any]:
+    """Merge items (of one or several modalities, in order) into model-ready batched kwargs."""
+    by_key: dict[str, list[Any]] = {}
+    configs: dict[str, MultiModalFieldConfig] = {}
+    for item in items:
+        for key, value in item.data.items():
+            by_key.setdefault(key, []).append(value)
+            configs.setdefault(key, item.fields[key])
+    return {key: configs[key].merge(values) for key, values in by_key.items()}

@@ -1,0 +1,145 @@
+"""uint8 image operations of the ``native`` transforms: RGB conversion, resize, patchify.
+
+Every function here keeps pixels in uint8 and spends its time in Pillow or torch kernels, which
+release the GIL, so worker threads scale with cores. Each mirrors the exact operation one HF
+image-processor backend performs, so the results are equal bit for bit:
+
+- PIL backend (``*Pil`` classes): ``PIL.Image.resize`` on the RGB image;
+- torchvision backend: ``torch.nn.functional.interpolate`` on a contiguous uint8 CHW tensor with
+  ``antialias=True`` (the op ``torchvision.transforms.v2.functional.resize`` dispatches to for
+  uint8 on the CPU).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+import PIL.Image
+import torch
+import torch.nn.functional as F
+
+from aiomm.errors import ProcessingError
+
+__all__ = ("Backend", "Resample", "patchify", "resize", "to_rgb_array")
+
+
+class Backend(enum.Enum):
+    """Which HF image-processor backend a transform reproduces."""
+
+    PIL = "pil"
+    TORCHVISION = "torchvision"
+
+
+class Resample(enum.IntEnum):
+    """Resampling filters (values are Pillow's, as HF stores them)."""
+
+    NEAREST = 0
+    LANCZOS = 1
+    BILINEAR = 2
+    BICUBIC = 3
+
+
+_TORCH_MODES = {
+    Resample.NEAREST: "nearest",
+    Resample.BILINEAR: "bilinear",
+    Resample.BICUBIC: "bicubic",
+}
+
+
+def _composite_on_white(image: PIL.Image.Image) -> PIL.Image.Image:
+    rgba = image.convert("RGBA")
+    white = PIL.Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return PIL.Image.alpha_composite(white, rgba).convert("RGB")
+
+
+def to_rgb_array(image: PIL.Image.Image | np.ndarray) -> np.ndarray:
+    """Convert an image to an ``H x W x 3`` uint8 array the way HF's ``convert_to_rgb`` does.
+
+    Transparency (an alpha band or a palette/`transparency` key) is composited onto white;
+    greyscale and palette images are expanded. Arrays must be ``H x W``, ``H x W x 1``,
+    ``H x W x 3`` or ``H x W x 4`` uint8.
+
+    :raises ProcessingError: for arrays of another dtype or shape.
+    """
+    if isinstance(image, PIL.Image.Image):
+        has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+        rgb = _composite_on_white(image) if has_alpha else image.convert("RGB")
+        return np.asarray(rgb)
+    array = np.asarray(image)
+    if array.dtype != np.uint8:
+        raise ProcessingError(f"image arrays must be uint8, got {array.dtype}")
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+        raise ProcessingError(
+            f"image arrays must be H x W x C with C in (1, 3, 4), got shape {array.shape}"
+        )
+    if array.shape[-1] == 1:
+        return np.repeat(array, 3, axis=-1)
+    if array.shape[-1] == 4:
+        alpha = array[..., 3:4] / 255
+        return np.round(alpha * array[..., :3] + (1 - alpha) * 255).astype(np.uint8)
+    return array
+
+
+def _chw(image: np.ndarray) -> torch.Tensor:
+    if not image.flags.writeable:
+        image = image.copy()
+    return torch.from_numpy(image).permute(2, 0, 1).contiguous()
+
+
+def _chw(image: np.ndarray) -> torch.Tensor:
+    """A contiguous ``C x H x W`` uint8 tensor of an ``H x W x C`` array (one copy)."""
+    out = torch.empty((image.shape[2], image.shape[0], image.shape[1]), dtype=torch.uint8)
+    if not image.flags.writeable:
+        # torch refuses to wrap read-only memory without a warning; numpy copies into ours.
+        np.copyto(out.numpy(), np.moveaxis(image, -1, 0))
+        return out
+    out.copy_(torch.from_numpy(image).permute(2, 0, 1))
+    return out
+
+
+def resize(
+    image: np.ndarray, height: int, width: int, resample: Resample, backend: Backend
+) -> torch.Tensor:
+    """Resize an ``H x W x 3`` uint8 image; returns a contiguous uint8 ``C x H x W`` tensor."""
+    h, w = image.shape[:2]
+    if backend is Backend.PIL:
+        if (h, w) != (height, width):
+            pil = PIL.Image.fromarray(image).resize((width, height), resample=int(resample))
+            image = np.array(pil)
+        return _chw(image)
+    chw = _chw(image)
+    if (h, w) == (height, width):
+        return chw
+    mode = _TORCH_MODES.get(resample)
+    if mode is None:
+        raise ProcessingError(f"the torchvision-backend native resize has no {resample.name} mode")
+    antialias = mode != "nearest"
+    out = F.interpolate(
+        chw.unsqueeze(0),
+        size=(height, width),
+        mode=mode,
+        align_corners=False if antialias else None,
+        antialias=antialias,
+    )
+    return out[0]
+
+
+def patchify(
+    chw: torch.Tensor, *, patch_size: int, merge_size: int, temporal_patch_size: int
+) -> torch.Tensor:
+    """Cut a ``C x H x W`` image into Qwen-VL rows ``[grid_h * grid_w, C * T * P * P]``.
+
+    Rows are ordered by merge window (``merge_size x merge_size`` neighbouring patches stay
+    adjacent); within a row the layout is channel-major, each channel holding the same frame
+    ``temporal_patch_size`` times. One copy, no dtype change.
+    """
+    c, h, w = chw.shape
+    p, m = patch_size, merge_size
+    gh, gw = h // p, w // p
+    x = chw.reshape(c, gh // m, m, p, gw // m, m, p)
+    x = x.permute(1, 4, 2, 5, 0, 3, 6)  # gh/m, gw/m, m, m, C, P, P
+    x = x.unsqueeze(5).expand(-1, -1, -1, -1, -1, temporal_patch_size, -1, -1)
+    return x.reshape(gh * gw, c * temporal_patch_size * p * p)

@@ -1,0 +1,87 @@
+"""Request and Result: what callers hand the engine and what they get back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from aiomm.errors import AiommError
+    from aiomm.item_cache import CacheOutcome
+    from aiomm.processing.placeholders import PlaceholderRange
+
+__all__ = ("Request", "Result")
+
+
+@dataclass
+class Request:
+    """One prompt with its images.
+
+    An image is any of: encoded bytes, a file path, a ``data:`` URL, an ``http(s)://`` URL, a
+    ``PIL.Image.Image``, or an ``H x W x C`` uint8 numpy array.
+    Give ``prompt_token_ids`` (already tokenized, as serving stacks do) or ``prompt`` (text,
+    tokenized with the adapter's tokenizer). ``image_hashes`` may carry caller-supplied content
+    hashes (OpenAI-style clients send them): a cache hit then skips even the download. A supplied
+    hash is used only as a cache key, never for a security decision.
+    """
+
+    prompt_token_ids: Sequence[int] | None = None
+    images: Sequence[Any] = ()
+    prompt: str | None = None
+    request_id: str | None = None
+    mm_processor_kwargs: Mapping[str, Any] | None = None
+    image_hashes: Sequence[str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.prompt_token_ids is None) == (self.prompt is None):
+            raise ValueError("give exactly one of prompt_token_ids and prompt")
+        if self.image_hashes is not None and len(self.image_hashes) != len(self.images):
+            raise ValueError(
+                f"image_hashes has {len(self.image_hashes)} entries for {len(self.images)} images"
+            )
+
+
+@dataclass
+class Result:
+    """The outcome of one request: model-ready inputs, or the typed error that stopped it."""
+
+    request_id: str
+    prompt_token_ids: list[int] = field(default_factory=list)
+    mm_placeholders: dict[str, list[PlaceholderRange]] = field(default_factory=dict)
+    #: ``pixel_values`` (normalised, ``visual_dtype``, on the engine's device) and grid metadata
+    mm_kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
+    item_hashes: list[str] = field(default_factory=list)
+    cache: list[CacheOutcome] = field(default_factory=list)
+    #: seconds spent per stage (summed over items where a stage runs per item)
+    timings: dict[str, float] = field(default_factory=dict)
+    error: AiommError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def pixel_values(self) -> torch.Tensor | None:
+        return self.mm_kwargs.get("pixel_values")
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly one-line summary (no tensors, no payloads)."""
+        return {
+            "request_id": self.request_id,
+            "ok": self.ok,
+            "error": None if self.error is None else f"{type(self.error).__name__}: {self.error}",
+            "num_tokens": len(self.prompt_token_ids),
+            "placeholders": {
+                m: [[r.offset, r.length] for r in ranges]
+                for m, ranges in self.mm_placeholders.items()
+            },
+            "tensors": {
+                k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+                for k, v in self.mm_kwargs.items()
+            },
+            "cache": [c.value for c in self.cache],
+            "timings_ms": {k: round(v * 1000, 3) for k, v in self.timings.items()},
+        }

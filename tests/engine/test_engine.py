@@ -1,0 +1,349 @@
+"""The engine end to end: inputs of every kind, dedup, backpressure, bad input, loop lag, CLI."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+import aiomm.engine as engine_module
+from aiomm.config import EngineConfig
+from aiomm.decode import DecodeConfig
+from aiomm.engine import Engine
+from aiomm.errors import (
+    DecodeError,
+    EngineClosedError,
+    ImageTooLargeError,
+    ItemCountMismatchError,
+    UnknownArchitectureError,
+)
+from aiomm.fetch import FetchConfig
+from aiomm.item_cache import CacheOutcome
+from aiomm.samples import encode, photo_like
+from aiomm.types import Request
+
+PH = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def prompt(n: int) -> str:
+    return " ".join(["<|im_start|>user describe", *[PH] * n, "<|im_end|>"])
+
+
+def image(seed: int, h: int = 96, w: int = 128) -> PIL.Image.Image:
+    return photo_like(np.random.default_rng(seed), h, w)
+
+
+def expected(processor, prompt_text: str, images: list, dtype=torch.bfloat16):
+    ids = processor.hf_processor.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    out = processor.apply(ids, {"image": images})
+    merged = out.merged_kwargs()
+    norm = out.normalization
+    pv = norm.module().forward_native(merged["pixel_values"], dtype, layout=norm.layout)
+    return out, merged, pv
+
+
+async def test_process_every_input_kind(make_processor, tmp_path: Path) -> None:
+    processor = make_processor()
+    imgs = [image(i) for i in range(5)]
+    jpeg = encode(imgs[0], "JPEG")
+    decoded_jpeg = PIL.Image.open(io.BytesIO(jpeg)).convert("RGB")
+    path = tmp_path / "b.png"
+    path.write_bytes(encode(imgs[1], "PNG"))
+    data_url = "data:image/png;base64," + base64.b64encode(encode(imgs[2], "PNG")).decode()
+    sources = [jpeg, str(path), data_url, imgs[3], np.asarray(imgs[4])]
+    reference = [decoded_jpeg, imgs[1], imgs[2], imgs[3], imgs[4]]
+    config = EngineConfig(fetch=FetchConfig(allowed_local_root=tmp_path), device="cpu")
+    async with Engine(processor, config) as engine:
+        result = await engine.process(Request(prompt=prompt(5), images=sources, request_id="r1"))
+    out, merged, pv = expected(processor, prompt(5), reference)
+    assert result.ok and result.request_id == "r1"
+    assert result.prompt_token_ids == out.prompt_token_ids
+    assert result.mm_placeholders["image"] == out.mm_placeholders["image"]
+    assert torch.equal(result.mm_kwargs["image_grid_thw"], merged["image_grid_thw"])
+    assert result.pixel_values.dtype == torch.bfloat16
+    assert torch.equal(result.pixel_values, pv)
+    assert result.cache == [CacheOutcome.MISS] * 5
+    assert len(set(result.item_hashes)) == 5
+    assert {"fetch", "decode_transform", "assemble", "device", "total"} <= set(result.timings)
+
+
+async def test_repeat_is_a_cache_hit_and_equal(make_processor) -> None:
+    processor = make_processor()
+    img = encode(image(7), "PNG")
+    async with Engine(processor, EngineConfig(device="cpu")) as engine:
+        first = await engine.process(Request(prompt=prompt(1), images=[img]))
+        second = await engine.process(Request(prompt=prompt(1), images=[img]))
+        stats = engine.stats()
+    assert first.cache == [CacheOutcome.MISS] and second.cache == [CacheOutcome.HIT]
+    assert torch.equal(first.pixel_values, second.pixel_values)
+    assert stats.cache.hits == 1 and stats.cache.misses == 1
+
+
+async def test_fifty_concurrent_requests_one_decode(make_processor, monkeypatch) -> None:
+    decodes = 0
+    real_decode = engine_module.decode_image
+
+    def counting_decode(*args, **kwargs):
+        nonlocal decodes
+        decodes += 1
+        time.sleep(0.05)  # keep the computation in flight while the others arrive
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "decode_image", counting_decode)
+    data = encode(image(3, 300, 400), "JPEG")
+    results: dict[int, object] = {}
+    async with Engine(make_processor(), EngineConfig(device="cpu")) as engine:
+
+        async def one(i: int, scope: anyio.CancelScope) -> None:
+            with scope:
+                results[i] = await engine.process(Request(prompt=prompt(1), images=[data]))
+
+        scopes = [anyio.CancelScope() for _ in range(50)]
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(one, i, scopes[i])
+            await anyio.sleep(0.01)
+            scopes[0].cancel()  # the first requester goes away mid-flight
+        stats = engine.stats()
+    assert decodes == 1
+    assert 0 not in results
+    assert len(results) == 49
+    outcomes = [r.cache[0].value for r in results.values()]
+    # the cancelled first requester led the computation; the others joined it
+    assert outcomes.count("joined") >= 48 and outcomes.count("miss") <= 1
+    first = next(iter(results.values()))
+    assert all(torch.equal(r.pixel_values, first.pixel_values) for r in results.values())
+    assert stats.cache.joins >= 48 and stats.cache.misses <= 1
+
+
+async def test_stream_backpressure_with_lazy_source(make_processor) -> None:
+    pulled = 0
+    small = np.asarray(image(1, 28, 28))
+
+    def source() -> Iterator[Request]:
+        nonlocal pulled
+        for i in range(100_000):
+            pulled += 1
+            yield Request(prompt_token_ids=[1, 2], images=[], request_id=str(i)) if i % 2 else \
+                Request(prompt=prompt(1), images=[small], request_id=str(i))  # fmt: skip
+
+    bound = 8
+    async with Engine(make_processor(), EngineConfig(device="cpu", max_in_flight=64)) as engine:
+        async with engine.stream(source(), max_in_flight=bound) as stream:
+            seen = 0
+            async for result in stream:
+                assert result.ok, result.error
+                assert result.request_id == str(seen)  # ordered
+                seen += 1
+                assert pulled - seen <= bound, (pulled, seen)
+                await anyio.sleep(0.001)  # a slow consumer
+                if seen == 300:
+                    break
+            await anyio.sleep(0.05)
+            assert pulled <= seen + bound
+    assert pulled < 400
+
+
+async def test_stream_unordered_yields_in_completion_order(make_processor) -> None:
+    big = encode(image(5, 1500, 2000), "PNG")
+    small = np.asarray(image(6, 28, 28))
+    requests = [Request(prompt=prompt(1), images=[big], request_id="slow")] + [
+        Request(prompt=prompt(1), images=[small], request_id=f"fast{i}") for i in range(3)
+    ]
+    async with Engine(make_processor(), EngineConfig(device="cpu")) as engine:
+        async with engine.stream(requests, ordered=False) as stream:
+            ids = [r.request_id async for r in stream]
+    assert sorted(ids) == sorted(r.request_id for r in requests)
+    assert ids[-1] == "slow"
+
+
+def _cmyk_jpeg() -> bytes:
+    buf = io.BytesIO()
+    image(11).convert("CMYK").save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _palette_png() -> bytes:
+    buf = io.BytesIO()
+    image(12).convert("P").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _png16() -> bytes:
+    arr = (np.arange(64 * 80, dtype=np.uint16).reshape(64, 80) * 13) % 65535
+    buf = io.BytesIO()
+    PIL.Image.fromarray(arr.astype(np.uint16)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _rgba_png() -> bytes:
+    rgba = image(13).convert("RGBA")
+    alpha = np.full((rgba.height, rgba.width), 128, dtype=np.uint8)
+    rgba.putalpha(PIL.Image.fromarray(alpha))
+    return encode(rgba, "PNG")
+
+
+async def test_bad_images_fail_alone_in_a_stream(make_processor) -> None:
+    good = encode(image(20), "JPEG")
+    truncated = good[: len(good) // 2]
+    bomb = encode(PIL.Image.new("L", (4000, 4000)), "PNG")
+    cases = {
+        "good": (good, None),
+        "corrupt": (b"\x89PNG\r\n\x1a\n" + b"garbage" * 50, DecodeError),
+        "truncated": (truncated, DecodeError),
+        "empty": (b"", DecodeError),
+        "bomb": (bomb, ImageTooLargeError),
+        "cmyk": (_cmyk_jpeg(), None),
+        "palette": (_palette_png(), None),
+        "png16": (_png16(), None),
+        "alpha": (_rgba_png(), None),
+        "mismatch": (good, ItemCountMismatchError),
+        "good2": (encode(image(21), "PNG"), None),
+    }
+    requests = [
+        Request(prompt=prompt(2 if name == "mismatch" else 1), images=[data], request_id=name)
+        for name, (data, _) in cases.items()
+    ]
+    config = EngineConfig(device="cpu", decode=DecodeConfig(max_pixels=4_000_000))
+    async with Engine(make_processor(), config) as engine:
+        async with engine.stream(requests) as stream:
+            results = {r.request_id: r async for r in stream}
+    assert list(results) == list(cases)
+    for name, (_, error) in cases.items():
+        r = results[name]
+        if error is None:
+            assert r.ok, (name, r.error)
+            assert r.pixel_values is not None and torch.isfinite(r.pixel_values.float()).all()
+        else:
+            assert isinstance(r.error, error), (name, r.error)
+
+
+async def test_event_loop_stays_responsive_under_saturation(make_processor) -> None:
+    images = [encode(image(30 + i, 900, 1200), "JPEG") for i in range(12)]
+    requests = [Request(prompt=prompt(1), images=[img]) for img in images]
+    lag = 0.0
+    done = anyio.Event()
+
+    async def ticker() -> None:
+        nonlocal lag
+        while not done.is_set():
+            t = time.perf_counter()
+            await anyio.sleep(0.005)
+            lag = max(lag, time.perf_counter() - t - 0.005)
+
+    async with Engine(make_processor(), EngineConfig(device="cpu", cache_capacity_bytes=0)) as e:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            async with e.stream(requests) as stream:
+                n = len([r async for r in stream if r.ok])
+            done.set()
+        stats = e.stats()
+    assert n == len(requests)
+    assert stats.stages["decode_transform"].count == len(requests)
+    assert lag < 0.25, f"event loop stalled for {lag * 1000:.0f} ms"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    payload = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.payload)))
+        self.end_headers()
+        self.wfile.write(self.payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_http_image_through_loopback_server(make_processor) -> None:
+    img = image(40)
+    _Handler.payload = encode(img, "PNG")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/img.png"
+        config = EngineConfig(device="cpu", fetch=FetchConfig(allow_loopback=True))
+        async with Engine(make_processor(), config) as engine:
+            result = await engine.process(Request(prompt=prompt(1), images=[url]))
+        _, _, pv = expected(make_processor(), prompt(1), [img])
+        assert torch.equal(result.pixel_values, pv)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_supplied_hash_hit_skips_the_download(make_processor) -> None:
+    img = encode(image(41), "PNG")
+    async with Engine(make_processor(), EngineConfig(device="cpu")) as engine:
+        first = await engine.process(
+            Request(prompt=prompt(1), images=[img], image_hashes=["client-hash-1"])
+        )
+        # an unreachable URL: a hit must not even try it
+        second = await engine.process(
+            Request(
+                prompt=prompt(1),
+                images=["http://127.0.0.1:9/never-fetched.png"],
+                image_hashes=["client-hash-1"],
+            )
+        )
+    assert first.cache == [CacheOutcome.MISS] and second.cache == [CacheOutcome.HIT]
+    assert torch.equal(first.pixel_values, second.pixel_values)
+
+
+async def test_closed_engine_and_unknown_model(make_processor) -> None:
+    engine = Engine(make_processor(), EngineConfig(device="cpu"))
+    with pytest.raises(EngineClosedError):
+        await engine.process(Request(prompt=prompt(0)))
+    async with engine:
+        pass
+    with pytest.raises(EngineClosedError):
+        await engine.process(Request(prompt=prompt(0)))
+    with pytest.raises(UnknownArchitectureError, match="Qwen2VLForConditionalGeneration"):
+        Engine.from_pretrained("NoSuchModelForConditionalGeneration")
+
+
+async def test_close_cancels_in_flight_work_and_leaks_no_task(make_processor) -> None:
+    import asyncio
+
+    before = set(asyncio.all_tasks())
+    big = [encode(image(50 + i, 1200, 1600), "PNG") for i in range(4)]
+    async with Engine(make_processor(), EngineConfig(device="cpu")) as engine:
+        stream = engine.stream(Request(prompt=prompt(1), images=[b]) for b in itertools.cycle(big))
+        async with stream:
+            await stream.__anext__()
+    await anyio.lowlevel.checkpoint()
+    assert set(asyncio.all_tasks()) - before <= {asyncio.current_task()}
+
+
+def test_cli_run_on_embedded_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from aiomm.cli import main
+
+    output = tmp_path / "out.jsonl"
+    code = main(["run", "--samples", "4", "--no-progress", "--output", str(output)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "aiomm run summary" in printed and "images/s" in printed
+    lines = output.read_text().splitlines()
+    assert len(lines) == 8  # 4 samples, seen twice
+    import json
+
+    rows = [json.loads(line) for line in lines]
+    assert all(r["ok"] for r in rows)
+    assert rows[0]["tensors"]["pixel_values"]["dtype"] == "bfloat16"
+    outcomes = [c for r in rows for c in r["cache"]]
+    assert outcomes.count("miss") == 4  # each sample computed once, its repeat hit or joined
+    assert outcomes.count("hit") + outcomes.count("joined") == 4

@@ -1,0 +1,345 @@
+"""decode_image / probe_image_size / image_from_object on images generated here with Pillow."""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import time
+import warnings
+import zlib
+from typing import Any
+
+import anyio
+import numpy as np
+import PIL.Image
+import PIL.ImageFile
+import pytest
+
+from aiomm.decode import DecodeConfig, decode_image, image_from_object, probe_image_size
+from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError
+
+MAX = DecodeConfig().max_pixels
+
+
+def encode(image: PIL.Image.Image, fmt: str, **params: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **params)
+    return buf.getvalue()
+
+
+def decode(data: bytes, max_pixels: int = MAX) -> np.ndarray:
+    out = decode_image(data, max_pixels=max_pixels)
+    assert_rgb(out)
+    return out
+
+
+def assert_rgb(out: np.ndarray, shape: tuple[int, int] | None = None) -> None:
+    assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3, (out.dtype, out.shape)
+    assert out.flags.c_contiguous and out.flags.writeable
+    if shape is not None:
+        assert out.shape[:2] == shape
+
+
+def noise(h: int, w: int, channels: int = 3, seed: int = 0) -> np.ndarray:
+    shape = (h, w) if channels == 1 else (h, w, channels)
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+def png_with_size(width: int, height: int) -> bytes:
+    """A small valid PNG whose IHDR claims ``width x height`` (CRC fixed): a cheap bomb header."""
+    data = bytearray(encode(PIL.Image.new("L", (8, 8), 0), "PNG"))
+    assert data[12:16] == b"IHDR"
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+# -- formats and modes ---------------------------------------------------------------------------
+
+
+def test_png_rgb_is_exact() -> None:
+    src = noise(17, 23)
+    out = decode(encode(PIL.Image.fromarray(src), "PNG"))
+    assert np.array_equal(out, src)
+
+
+def test_jpeg_matches_pillow_and_source() -> None:
+    src = np.zeros((32, 48, 3), np.uint8)
+    src[:, :24] = (200, 30, 40)
+    src[:, 24:] = (20, 180, 90)
+    data = encode(PIL.Image.fromarray(src), "JPEG", quality=95)
+    out = decode(data)
+    assert np.array_equal(out, np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB")))
+    assert np.abs(out.astype(int) - src).mean() < 4
+
+
+def test_rgba_partial_alpha_is_composited_on_white() -> None:
+    rgba = np.zeros((4, 5, 4), np.uint8)
+    rgba[...] = (0, 100, 255, 51)  # alpha 0.2: out = 0.2 * c + 0.8 * 255
+    rgba[0, 0] = (10, 20, 30, 255)  # opaque
+    rgba[0, 1] = (10, 20, 30, 0)  # fully transparent
+    out = decode(encode(PIL.Image.fromarray(rgba, "RGBA"), "PNG"))
+    assert tuple(out[2, 2]) == (204, 224, 255)
+    assert tuple(out[0, 0]) == (10, 20, 30)
+    assert tuple(out[0, 1]) == (255, 255, 255)
+
+
+def test_la_and_l() -> None:
+    la = np.zeros((3, 3, 2), np.uint8)
+    la[...] = (100, 51)
+    out = decode(encode(PIL.Image.fromarray(la, "LA"), "PNG"))
+    assert tuple(out[1, 1]) == (224, 224, 224)  # 0.2 * 100 + 0.8 * 255
+    grey = noise(6, 7, channels=1)
+    out = decode(encode(PIL.Image.fromarray(grey, "L"), "PNG"))
+    assert np.array_equal(out, np.repeat(grey[..., None], 3, axis=2))
+
+
+def _palette_image(transparent_index: int | None) -> PIL.Image.Image:
+    image = PIL.Image.new("P", (4, 2))
+    image.putpalette([255, 0, 0, 0, 255, 0, 0, 0, 255] + [0] * (256 - 3) * 3)
+    image.putdata([0, 1, 2, 0, 1, 2, 0, 1])
+    if transparent_index is not None:
+        image.info["transparency"] = transparent_index
+    return image
+
+
+def test_palette_png() -> None:
+    out = decode(encode(_palette_image(None), "PNG"))
+    assert [tuple(p) for p in out[0]] == [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 0, 0)]
+
+
+def test_gif_palette_with_transparency() -> None:
+    image = _palette_image(1)
+    data = encode(image, "GIF", transparency=1)
+    out = decode(data)
+    # index 1 (green) is transparent -> white; the others keep their palette colour
+    assert [tuple(p) for p in out[0]] == [(255, 0, 0), (255, 255, 255), (0, 0, 255), (255, 0, 0)]
+
+
+def test_cmyk_jpeg() -> None:
+    rgb = np.zeros((16, 16, 3), np.uint8)
+    rgb[...] = (220, 40, 30)
+    cmyk = PIL.Image.fromarray(rgb).convert("CMYK")
+    data = encode(cmyk, "JPEG", quality=95)
+    assert PIL.Image.open(io.BytesIO(data)).mode == "CMYK"
+    out = decode(data)
+    assert np.array_equal(out, np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB")))
+    assert np.abs(out.astype(int) - rgb).max() < 12
+
+
+def test_16_bit_greyscale_is_scaled_not_clipped() -> None:
+    values = np.array([[0, 255, 256, 32768, 40000, 65535]], dtype=np.uint16)
+    data = encode(PIL.Image.fromarray(values), "PNG")
+    assert PIL.Image.open(io.BytesIO(data)).mode in ("I;16", "I")
+    out = decode(data)
+    assert list(out[0, :, 0]) == [0, 0, 1, 128, 156, 255]
+    assert np.array_equal(out[..., 0], out[..., 2])
+    # what convert("RGB") would give: every value above 255 saturates
+    assert (
+        list(np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))[0, :, 0])[2:] == [255] * 4
+    )
+
+
+def test_one_pixel() -> None:
+    out = decode(encode(PIL.Image.new("RGB", (1, 1), (7, 8, 9)), "PNG"))
+    assert out.shape == (1, 1, 3) and tuple(out[0, 0]) == (7, 8, 9)
+
+
+def test_multi_frame_gif_uses_the_first_frame() -> None:
+    frames = [PIL.Image.new("RGB", (6, 4), c) for c in ((255, 0, 0), (0, 0, 255))]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
+    assert PIL.Image.open(io.BytesIO(data)).n_frames == 2
+    out = decode(data)
+    assert (out == (255, 0, 0)).all()
+
+
+def test_animated_png_uses_the_first_frame() -> None:
+    frames = [PIL.Image.new("RGB", (6, 4), c) for c in ((0, 255, 0), (0, 0, 255))]
+    data = encode(frames[0], "PNG", save_all=True, append_images=frames[1:])
+    assert PIL.Image.open(io.BytesIO(data)).n_frames == 2
+    assert (decode(data) == (0, 255, 0)).all()
+
+
+def test_exif_orientation_is_not_applied() -> None:
+    src = noise(4, 6)
+    exif = PIL.Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW" - HF processors ignore it, and so do we
+    out = decode(encode(PIL.Image.fromarray(src), "PNG", exif=exif))
+    assert np.array_equal(out, src)
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+def _exactly(exc_type: type[Exception], fn: Any, *args: Any, **kwargs: Any) -> Exception:
+    with pytest.raises(exc_type) as info:
+        fn(*args, **kwargs)
+    assert type(info.value) is exc_type, repr(info.value)
+    return info.value
+
+
+def test_empty() -> None:
+    exc = _exactly(DecodeError, decode_image, b"", max_pixels=MAX)
+    assert "empty" in str(exc)
+    _exactly(DecodeError, probe_image_size, b"", MAX)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x89PNG\r\n\x1a\n" + b"garbage" * 50,
+        b"\xff\xd8\xff" + b"\x00" * 64,
+        np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes(),
+        b"GIF89a",
+        b"not an image at all",
+    ],
+    ids=["png-garbage", "jpeg-garbage", "random", "gif-header-only", "text"],
+)
+def test_corrupt(data: bytes) -> None:
+    exc = _exactly(DecodeError, decode_image, data, max_pixels=MAX)
+    assert "garbage" not in str(exc)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_truncated(fmt: str) -> None:
+    data = encode(PIL.Image.fromarray(noise(64, 64)), fmt)
+    exc = _exactly(DecodeError, decode_image, data[: len(data) // 2], max_pixels=MAX)
+    assert fmt in str(exc)
+
+
+# -- size limits ---------------------------------------------------------------------------------
+
+
+def test_bomb_is_refused_before_any_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    bomb = png_with_size(30_000, 30_000)
+    assert len(bomb) < 200
+
+    def no_load(self: Any) -> None:
+        raise AssertionError("pixels were decoded")
+
+    monkeypatch.setattr(PIL.ImageFile.ImageFile, "load", no_load)
+    start = time.perf_counter()
+    for max_pixels in (MAX, 10**12):  # ours refuses it; with ours lifted, Pillow's limit does
+        with pytest.raises(ImageTooLargeError):
+            decode_image(bomb, max_pixels=max_pixels)
+    assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize(
+    ("width", "height"),
+    [
+        (9_000, 9_000),  # below Pillow's warning threshold (~89.5 Mi pixels), above ours
+        (10_000, 10_000),  # between Pillow's warning and error thresholds
+    ],
+)
+def test_header_above_max_pixels(width: int, height: int) -> None:
+    # pytest turns warnings into errors: a DecompressionBombWarning escaping would fail here
+    data = png_with_size(width, height)
+    exc = _exactly(ImageTooLargeError, decode_image, data, max_pixels=MAX)
+    assert f"{width}x{height}" in str(exc) and str(MAX) in str(exc)
+    _exactly(ImageTooLargeError, probe_image_size, data, MAX)
+
+
+def test_limit_above_pillows_warning_threshold_is_honoured() -> None:
+    assert probe_image_size(png_with_size(10_000, 10_000), 120_000_000) == (10_000, 10_000)
+
+
+def test_max_pixels_boundary() -> None:
+    data = encode(PIL.Image.fromarray(noise(100, 100)), "PNG")
+    assert probe_image_size(data, 10_000) == (100, 100)
+    assert decode(data, max_pixels=10_000).shape == (100, 100, 3)
+    exc = _exactly(ImageTooLargeError, decode_image, data, max_pixels=9_999)
+    assert "100x100 = 10000 pixels" in str(exc) and "9999" in str(exc)
+
+
+async def test_concurrent_decodes_leave_the_warning_filters_alone() -> None:
+    # catch_warnings() is process-wide; the lock keeps concurrent decodes from restoring each
+    # other's filter lists.
+    before = list(warnings.filters)
+    good = encode(PIL.Image.fromarray(noise(300, 300)), "PNG")
+    bomb = png_with_size(10_000, 10_000)
+    outcomes: list[str] = []
+
+    async def one(data: bytes) -> None:
+        try:
+            await anyio.to_thread.run_sync(lambda: decode_image(data, max_pixels=MAX))
+            outcomes.append("ok")
+        except ImageTooLargeError:
+            outcomes.append("too large")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(32):
+            tg.start_soon(one, bomb if i % 2 else good)
+    assert sorted(outcomes) == ["ok"] * 16 + ["too large"] * 16
+    assert warnings.filters == before
+
+
+def test_decode_config() -> None:
+    assert DecodeConfig().max_pixels == 67_108_864
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError):
+            DecodeConfig(max_pixels=bad)  # type: ignore[arg-type]
+
+
+# -- in-memory objects ---------------------------------------------------------------------------
+
+
+def test_image_from_pil() -> None:
+    rgba = PIL.Image.new("RGBA", (3, 2), (0, 100, 255, 51))
+    out = image_from_object(rgba)
+    assert_rgb(out, (2, 3))
+    assert tuple(out[0, 0]) == (204, 224, 255)
+    lazy = PIL.Image.open(io.BytesIO(encode(PIL.Image.fromarray(noise(5, 4)), "PNG")))
+    assert np.array_equal(image_from_object(lazy), noise(5, 4))
+
+
+def test_image_from_lazy_truncated_pil_raises_decode_error() -> None:
+    data = encode(PIL.Image.fromarray(noise(64, 64)), "JPEG")
+    lazy = PIL.Image.open(io.BytesIO(data[: len(data) // 2]))
+    _exactly(DecodeError, image_from_object, lazy)
+
+
+def test_image_from_pil_honours_max_pixels() -> None:
+    _exactly(ImageTooLargeError, image_from_object, PIL.Image.new("L", (10, 10)), max_pixels=99)
+
+
+def test_image_from_arrays() -> None:
+    rgb = noise(4, 5)
+    assert image_from_object(rgb) is rgb  # already RGB, contiguous, writable: no copy
+    grey = noise(4, 5, channels=1)
+    for arr in (grey, grey[..., None]):
+        out = image_from_object(arr)
+        assert_rgb(out, (4, 5))
+        assert np.array_equal(out[..., 1], grey)
+    rgba = np.zeros((2, 2, 4), np.uint8)
+    rgba[...] = (0, 100, 255, 51)
+    assert tuple(image_from_object(rgba)[1, 1]) == (204, 224, 255)
+    view = noise(4, 6)[:, ::2]  # not contiguous
+    out = image_from_object(view)
+    assert_rgb(out, (4, 3))
+    assert np.array_equal(out, view)
+    frozen = noise(3, 3)
+    frozen.flags.writeable = False
+    assert_rgb(image_from_object(frozen))
+
+
+@pytest.mark.parametrize(
+    ("array", "message"),
+    [
+        (np.zeros((4, 4, 3), np.float32), "dtype float32"),
+        (np.zeros((4, 4, 3), np.uint16), "dtype uint16"),
+        (np.zeros((4, 4, 2), np.uint8), r"shape \(4, 4, 2\)"),
+        (np.zeros((2, 4, 4, 3), np.uint8), r"shape \(2, 4, 4, 3\)"),
+        (np.zeros((4,), np.uint8), r"shape \(4,\)"),
+        (np.zeros((0, 4, 3), np.uint8), "no pixels"),
+    ],
+)
+def test_bad_arrays(array: np.ndarray, message: str) -> None:
+    exc = _exactly(DecodeError, image_from_object, array)
+    assert re.search(message, str(exc)), str(exc)
+
+
+@pytest.mark.parametrize("obj", [b"\x89PNG", "img.png", [[1, 2]], None])
+def test_unsupported_objects(obj: Any) -> None:
+    _exactly(InvalidSourceError, image_from_object, obj)
