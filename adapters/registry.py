@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,8 +132,13 @@ def from_pretrained(
 _loaded = False
 
 
+#: adapter modules (``aiomm.adapters.<name>``) that register themselves on import
+_BUILTIN_MODULES: tuple[str, ...] = ("qwen_vl",)
+
+
 def _load_builtin() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        from aiomm.adapters import qwen_vl  # noqa: F401  (registers on import)
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(f"aiomm.adapters.{module}")

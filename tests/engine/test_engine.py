@@ -347,3 +347,58 @@ def test_cli_run_on_embedded_defaults(tmp_path: Path, capsys: pytest.CaptureFixt
     outcomes = [c for r in rows for c in r["cache"]]
     assert outcomes.count("miss") == 4  # each sample computed once, its repeat hit or joined
     assert outcomes.count("hit") + outcomes.count("joined") == 4
+
+
+@pytest.mark.parametrize("anyio_backend", [("asyncio", {"use_uvloop": True})])
+async def test_runs_on_uvloop(make_processor) -> None:
+    import asyncio
+
+    import uvloop
+
+    assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    async with Engine(make_processor(), EngineConfig(device="cpu")) as engine:
+        result = await engine.process(Request(prompt=prompt(1), images=[encode(image(60))]))
+    assert result.ok and result.pixel_values is not None
+
+
+async def test_hf_transform_with_threads_equals_native(make_processor) -> None:
+    imgs = [encode(image(70 + i, 150 + 20 * i, 200), "PNG") for i in range(6)]
+    outputs = {}
+    for mode in ("hf", "native"):
+        config = EngineConfig(device="cpu", transform_threads=3)
+        async with Engine(make_processor(transform=mode), config) as engine:
+            async with engine.stream(Request(prompt=prompt(1), images=[b]) for b in imgs) as s:
+                outputs[mode] = [r async for r in s]
+    for a, b in zip(outputs["hf"], outputs["native"], strict=True):
+        assert a.ok and b.ok
+        assert torch.equal(a.pixel_values, b.pixel_values)
+        assert a.prompt_token_ids == b.prompt_token_ids
+
+
+async def test_cancelling_a_request_frees_its_capacity(make_processor) -> None:
+    slow = encode(image(80, 1500, 2000), "PNG")
+    config = EngineConfig(device="cpu", max_in_flight=1)
+    async with Engine(make_processor(), config) as engine:
+        with anyio.move_on_after(0.05):
+            await engine.process(Request(prompt=prompt(1), images=[slow]))
+        assert engine.stats().queues["requests"].in_use == 0
+        with anyio.fail_after(20):
+            result = await engine.process(Request(prompt=prompt(1), images=[encode(image(81))]))
+        assert result.ok
+
+
+async def test_stats_report_stages_queues_and_cache(make_processor) -> None:
+    data = encode(image(90), "JPEG")
+    async with Engine(make_processor(), EngineConfig(device="cpu")) as engine:
+        for _ in range(3):
+            await engine.process(Request(prompt=prompt(1), images=[data]))
+        with pytest.raises(DecodeError):
+            await engine.process(Request(prompt=prompt(1), images=[b"not an image"]))
+        stats = engine.stats()
+    assert stats.requests_started == 4 and stats.requests_completed == 3
+    assert stats.requests_failed == 1 and stats.images_processed == 3
+    assert stats.stages["total"].count == 3 and stats.stages["total"].p99 > 0
+    assert stats.stages["decode_transform"].count == 1
+    assert set(stats.queues) == {"requests", "fetch", "transform", "device"}
+    assert stats.cache.hits == 2 and stats.cache.misses == 1
+    assert stats.decoded_bytes.in_use == 0 and stats.decoded_bytes.peak > 0
