@@ -68,10 +68,18 @@ def hf_reference(proc: Any, text: str, images: list[Any], uint8: bool) -> dict[s
     return proc(text=[text], images=images, return_tensors="pt", **kwargs)
 
 
-def check_case(name: str, backend: str, n_images: int, case_seed: int, *, large: bool) -> None:
+def check_case(
+    name: str,
+    backend: str,
+    n_images: int,
+    case_seed: int,
+    *,
+    large: bool,
+    sizes: list[tuple[int, int]] | None = None,
+) -> None:
     rng = random.Random(case_seed)
     nrng = np.random.default_rng(case_seed)
-    sizes = draw_sizes(rng, n_images, large=large)
+    sizes = sizes or draw_sizes(rng, n_images, large=large)
     images = [photo_like(nrng, h, w) for h, w in sizes]
     ctx = f"[{name}/{backend} seed={case_seed} sizes={sizes}]"
 
@@ -130,6 +138,13 @@ def test_parity_small_images(name: str, backend: str) -> None:
 def test_parity_large_images(name: str, backend: str) -> None:
     rng = random.Random(f"{SEED}-large-{name}-{backend}")
     check_case(name, backend, 2, rng.randrange(2**31), large=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parity_huge_photo(backend: str) -> None:
+    """A 12-megapixel photo: kept near full size by Qwen3-VL's 16 Mpx bound."""
+    seed = random.Random(f"{SEED}-huge-{backend}").randrange(2**31)
+    check_case("qwen3-vl", backend, 1, seed, large=True, sizes=[(3024, 4032)])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
