@@ -133,7 +133,14 @@ _loaded = False
 
 
 #: adapter modules (``aiomm.adapters.<name>``) that register themselves on import
-_BUILTIN_MODULES: tuple[str, ...] = ("qwen_vl",)
+_BUILTIN_MODULES: tuple[str, ...] = (
+    "qwen_vl",
+    "intern_s",
+    "nemotron_vl",
+    "glm",
+    "mistral3",
+    "chameleon",
+)
 
 
 def _load_builtin() -> None:

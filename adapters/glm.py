@@ -1,0 +1,452 @@
+"""The GLM-V family: GLM-4.1V/4.5V (``Glm4v``), GLM-OCR and GLM-5-Next. Images only.
+
+References (transformers):
+
+- GLM-4V: ``Glm4vProcessor`` with ``Glm4vImageProcessor`` (torchvision backend) or
+  ``Glm4vImageProcessorPil`` (PIL backend);
+- GLM-OCR: transformers has no processor of its own for ``glm_ocr`` (its auto mappings name
+  none); the checkpoint ``zai-org/GLM-OCR`` ships ``"processor_class": "Glm46VProcessor"`` with
+  ``Glm46VImageProcessor`` / ``Glm46VImageProcessorPil``, whose image transform is GLM-4V's;
+- GLM-5-Next: ``Glm5NextProcessor`` with ``Glm5NextImageProcessor`` / ``Glm5NextImageProcessorPil``.
+
+The transform (GLM-4V, GLM-OCR): GLM's ``smart_resize`` (images narrower than
+``patch_size * merge_size`` are first scaled up; the pixel bounds count ``temporal_patch_size``
+frames), bicubic resize, then Qwen-VL rows of ``C * temporal_patch_size * patch_size**2`` values
+grouped by ``merge_size**2`` windows. GLM-5-Next fits the image into a canvas sized by a token
+budget (``min_image_tokens`` .. ``max_image_tokens``), resizes only the content (never up when the
+image already holds the minimum) and pads the canvas with black at the bottom and right before
+rescale/normalise, so padded pixels are uint8 0 and normalise like any other pixel.
+
+Each ``<|image|>`` becomes ``grid_t * grid_h * grid_w / merge_size**2`` of them (HF's count uses
+the processor's ``merge_size`` attribute); ``<|begin_of_image|>``/``<|end_of_image|>`` around it
+stay as they are. The ``native`` transform is proven equal to ``hf`` bit for bit for both backends
+by tests/adapters/test_glm_parity.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from aiomm.adapters.offline import build_tokenizer
+from aiomm.adapters.registry import AdapterInfo, register
+from aiomm.errors import ProcessingError, ProcessorKwargsError
+from aiomm.kernels import ChannelLayout
+from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
+from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
+from aiomm.processing.image_ops import Backend, Resample, patchify, resize, to_rgb_array
+from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
+from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
+
+__all__ = (
+    "Glm5NextMultiModalProcessor",
+    "GlmVMultiModalProcessor",
+    "glm4v_smart_resize",
+    "glm5_next_canvas",
+)
+
+GLM_SPECIAL_TOKENS = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
+    "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>",
+)  # fmt: skip
+IMAGE_PLACEHOLDER = "<|begin_of_image|><|image|><|end_of_image|>"
+
+# Kwargs of the GLM image processors that the transform reads (both transforms honour them).
+_COMMON_KWARGS = frozenset({
+    "do_resize", "resample", "do_convert_rgb", "rescale_factor", "image_mean", "image_std",
+    "patch_size", "temporal_patch_size", "merge_size",
+})  # fmt: skip
+
+
+def glm4v_smart_resize(
+    height: int,
+    width: int,
+    *,
+    factor: int,
+    temporal_factor: int,
+    min_pixels: int,
+    max_pixels: int,
+) -> tuple[int, int]:
+    """GLM-4V's resize target, identical to transformers' ``glm4v`` ``smart_resize``.
+
+    The image counts as ``temporal_factor`` frames against the pixel bounds.
+
+    :raises ProcessingError: for an aspect ratio above 200 (after scaling up a thin image).
+    """
+    num_frames = temporal_factor
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height = int(height * scale)
+        width = int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ProcessingError(
+            f"image of {height}x{width} (after scaling up to the {factor}-pixel minimum) has an "
+            "aspect ratio above 200, which GLM-V rejects"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _align(value: float, factor: int) -> int:
+    return math.ceil(value / factor) * factor
+
+
+def glm5_next_canvas(
+    height: int,
+    width: int,
+    *,
+    factor: int,
+    temporal_factor: int,
+    min_tokens: int,
+    max_tokens: int,
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """GLM-5-Next's ``(canvas, content)`` sizes, as transformers' ``glm5_next`` resize computes.
+
+    The canvas is a multiple of ``factor`` within the token budget; the content is the resized
+    image placed at its top left (the rest is padded).
+
+    :raises ProcessingError: if ``max_tokens`` cannot hold one aligned patch.
+    """
+    pixels_per_token = temporal_factor * factor**2
+    min_pixels = min_tokens * pixels_per_token
+    max_pixels = max_tokens * pixels_per_token
+    num_frames = temporal_factor
+    frames = max(temporal_factor, round(num_frames / temporal_factor) * temporal_factor)
+    canvas_h, canvas_w = _align(height, factor), _align(width, factor)
+    if frames * canvas_h * canvas_w < min_pixels:
+        scale = math.sqrt(min_pixels / (num_frames * height * width))
+        canvas_h = _align(max(1, math.ceil(height * scale)), factor)
+        canvas_w = _align(max(1, math.ceil(width * scale)), factor)
+    if frames * canvas_h * canvas_w > max_pixels:
+        if max_pixels < frames * factor**2:
+            raise ProcessingError(
+                f"max_image_tokens={max_tokens} is too small for one aligned "
+                f"{factor}x{factor} patch"
+            )
+        # The tallest content height whose aligned canvas fits the budget (binary search).
+        low, high = 1, height
+        canvas_h, canvas_w = factor, factor
+        while low <= high:
+            mid = (low + high) // 2
+            cand_h = _align(mid, factor)
+            cand_w = _align(max(1, math.floor(width * mid / height)), factor)
+            if frames * cand_h * cand_w <= max_pixels:
+                canvas_h, canvas_w = cand_h, cand_w
+                low = mid + 1
+            else:
+                high = mid - 1
+    scale = min(canvas_h / height, canvas_w / width)
+    if temporal_factor * height * width >= pixels_per_token * min_tokens:
+        scale = min(1.0, scale)
+    content_h = max(1, min(canvas_h, math.floor(height * scale)))
+    content_w = max(1, min(canvas_w, math.floor(width * scale)))
+    return (canvas_h, canvas_w), (content_h, content_w)
+
+
+@dataclass(frozen=True)
+class _TransformParams:
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    resample: Resample
+    do_resize: bool
+    do_convert_rgb: bool
+    rescale_factor: float
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    # GLM-4V: pixel bounds; GLM-5-Next: token bounds and the canvas factor's extra multiplier.
+    min_bound: int
+    max_bound: int
+    patch_expand_factor: int = 1
+
+
+def _floats(values: Any) -> tuple[float, ...]:
+    if isinstance(values, (int, float)):
+        return (float(values),) * 3
+    return tuple(float(v) for v in values)
+
+
+def _size_edges(size: Any) -> tuple[int | None, int | None]:
+    get = size.get if isinstance(size, Mapping) else lambda k, d=None: getattr(size, k, d)
+    return get("shortest_edge", None), get("longest_edge", None)
+
+
+class GlmVMultiModalProcessor(BaseMultiModalProcessor):
+    """Processor of GLM-4V (``Glm4vProcessor``) and GLM-OCR (``Glm46VProcessor``), images."""
+
+    supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
+    dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
+        {"image": IMAGE_PLACEHOLDER}
+    )
+    has_native: ClassVar[bool] = True
+    extra_kwargs: ClassVar[frozenset[str]] = frozenset({"size"})
+
+    def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
+        super().__init__(hf_processor, **kwargs)
+        from transformers.image_processing_backends import PilBackend
+
+        self.image_processor = hf_processor.image_processor
+        self.backend = (
+            Backend.PIL if isinstance(self.image_processor, PilBackend) else Backend.TORCHVISION
+        )
+        self.image_token_id: int = int(hf_processor.image_token_id)
+
+    # kwargs ---------------------------------------------------------------------------------
+
+    def allowed_hf_kwargs(self) -> frozenset[str]:
+        """The image processor's kwargs that the transform reads; others would be ignored."""
+        return super().allowed_hf_kwargs() & (_COMMON_KWARGS | self.extra_kwargs)
+
+    def _bounds(self, hf_kwargs: Mapping[str, Any]) -> tuple[int, int]:
+        shortest, longest = _size_edges(hf_kwargs.get("size", self.image_processor.size))
+        if not shortest or not longest:
+            raise ProcessorKwargsError(
+                "GLM-V needs size={'shortest_edge': min_pixels, 'longest_edge': max_pixels}"
+            )
+        return int(shortest), int(longest)
+
+    def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
+        ip = self.image_processor
+        get = hf_kwargs.get
+        min_bound, max_bound = self._bounds(hf_kwargs)
+        return _TransformParams(
+            patch_size=int(get("patch_size", ip.patch_size)),
+            temporal_patch_size=int(get("temporal_patch_size", ip.temporal_patch_size)),
+            merge_size=int(get("merge_size", ip.merge_size)),
+            resample=Resample(int(get("resample", ip.resample))),
+            do_resize=bool(get("do_resize", ip.do_resize)),
+            do_convert_rgb=bool(get("do_convert_rgb", ip.do_convert_rgb)),
+            rescale_factor=float(get("rescale_factor", ip.rescale_factor)),
+            image_mean=_floats(get("image_mean", ip.image_mean)),
+            image_std=_floats(get("image_std", ip.image_std)),
+            min_bound=min_bound,
+            max_bound=max_bound,
+            patch_expand_factor=int(
+                get("patch_expand_factor", getattr(ip, "patch_expand_factor", 1))
+            ),
+        )
+
+    def _get_hf_mm_inputs(
+        self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        hf_data, kwargs, passthrough = super()._get_hf_mm_inputs(mm_items, hf_kwargs)
+        # The dummy text's mm_token_type_ids are dropped anyway, and building them from a tensor
+        # makes numpy emit a DeprecationWarning on every call.
+        kwargs["return_mm_token_type_ids"] = False
+        return hf_data, kwargs, passthrough
+
+    # the transform --------------------------------------------------------------------------
+
+    def canvas(
+        self, height: int, width: int, params: _TransformParams
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """``(canvas, content)`` sizes of an image: the resized image and what it is padded to."""
+        if not params.do_resize:
+            return (height, width), (height, width)
+        target = glm4v_smart_resize(
+            height,
+            width,
+            factor=params.patch_size * params.merge_size,
+            temporal_factor=params.temporal_patch_size,
+            min_pixels=params.min_bound,
+            max_pixels=params.max_bound,
+        )
+        return target, target
+
+    def _cpu_normalize(self, chw: torch.Tensor, params: _TransformParams) -> torch.Tensor:
+        # The classic path: normalise exactly as the HF backend does, with its own operations.
+        ip = self.image_processor
+        if self.backend is Backend.TORCHVISION:
+            return ip.rescale_and_normalize(
+                chw.unsqueeze(0), True, params.rescale_factor, True,
+                params.image_mean, params.image_std,  # tuples: HF caches on these
+            )[0]  # fmt: skip
+        array = ip.normalize(
+            ip.rescale(chw.numpy(), params.rescale_factor),
+            list(params.image_mean),
+            list(params.image_std),
+        )
+        return torch.from_numpy(np.asarray(array, dtype=np.float32))
+
+    def transform_image(
+        self, image: Any, params: _TransformParams
+    ) -> tuple[torch.Tensor, list[int]]:
+        """One image -> (rows, [grid_t, grid_h, grid_w])."""
+        rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
+        (canvas_h, canvas_w), (height, width) = self.canvas(rgb.shape[0], rgb.shape[1], params)
+        unit = params.patch_size * params.merge_size
+        if canvas_h % unit or canvas_w % unit:
+            raise ProcessingError(
+                f"a {canvas_h}x{canvas_w} image does not split into {unit}x{unit} merge windows; "
+                "keep do_resize on"
+            )
+        chw = resize(rgb, height, width, params.resample, self.backend)
+        if (canvas_h, canvas_w) != (height, width):
+            chw = F.pad(chw, (0, canvas_w - width, 0, canvas_h - height))
+        if not self.device_normalize:
+            chw = self._cpu_normalize(chw, params)
+        rows = patchify(
+            chw,
+            patch_size=params.patch_size,
+            merge_size=params.merge_size,
+            temporal_patch_size=params.temporal_patch_size,
+        )
+        return rows, [1, canvas_h // params.patch_size, canvas_w // params.patch_size]
+
+    def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
+        params = self._resolve_params(hf_kwargs)
+        rows, grids = [], []
+        for image in hf_data.get("images", []):
+            r, g = self.transform_image(image, params)
+            rows.append(r)
+            grids.append(g)
+        if not rows:
+            return {}
+        return {
+            "pixel_values": rows[0] if len(rows) == 1 else torch.cat(rows),
+            "image_grid_thw": torch.tensor(grids, dtype=torch.long),
+        }
+
+    # fields, updates, normalisation ---------------------------------------------------------
+
+    def _get_mm_fields_config(
+        self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
+    ) -> dict[str, MultiModalFieldConfig]:
+        grid = outputs.get("image_grid_thw")
+        sizes = grid.prod(-1) if grid is not None else []
+        return {
+            "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", sizes),
+            "image_grid_thw": MultiModalFieldConfig.batched("image"),
+        }
+
+    def num_image_tokens(self, item: MultiModalKwargsItem) -> int:
+        # As Glm4vProcessor.replace_image_token: the processor's merge_size, not the kwarg.
+        merge = int(self.image_processor.merge_size)
+        return int(item.data["image_grid_thw"].prod()) // (merge * merge)
+
+    def _get_prompt_updates(
+        self,
+        mm_counts: Mapping[str, int],
+        hf_kwargs: Mapping[str, Any],
+        mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> list[PromptUpdate]:
+        token = self.image_token_id
+        items = mm_kwargs.get("image", [])
+
+        def replacement(i: int) -> PromptUpdateDetails:
+            return PromptUpdateDetails.from_seq([token] * self.num_image_tokens(items[i]))
+
+        return [PromptReplacement("image", [token], replacement)]
+
+    def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
+        p = self._resolve_params(hf_kwargs)
+        return NormalizationParams(
+            p.rescale_factor, p.image_mean, p.image_std, ChannelLayout.PATCHES
+        )
+
+
+class Glm5NextMultiModalProcessor(GlmVMultiModalProcessor):
+    """Processor of GLM-5-Next (``Glm5NextProcessor``), images: a padded token-budget canvas."""
+
+    # ``size`` is ignored by Glm5NextImageProcessor, so it is not accepted here.
+    extra_kwargs: ClassVar[frozenset[str]] = frozenset(
+        {"patch_expand_factor", "min_image_tokens", "max_image_tokens"}
+    )
+
+    def _bounds(self, hf_kwargs: Mapping[str, Any]) -> tuple[int, int]:
+        ip = self.image_processor
+        return (
+            int(hf_kwargs.get("min_image_tokens", ip.min_image_tokens)),
+            int(hf_kwargs.get("max_image_tokens", ip.max_image_tokens)),
+        )
+
+    def canvas(
+        self, height: int, width: int, params: _TransformParams
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        if not params.do_resize:
+            return (height, width), (height, width)
+        factor = params.patch_size * params.merge_size
+        if self.backend is Backend.TORCHVISION:
+            # Only the torchvision backend applies patch_expand_factor to the canvas factor.
+            factor *= params.patch_expand_factor
+        return glm5_next_canvas(
+            height,
+            width,
+            factor=factor,
+            temporal_factor=params.temporal_patch_size,
+            min_tokens=params.min_bound,
+            max_tokens=params.max_bound,
+        )
+
+
+# -------------------------------------------------------------------------- offline builders
+
+# zai-org/GLM-4.1V-9B-Thinking's and zai-org/GLM-OCR's preprocessor_config.json (the image
+# processor's class defaults otherwise): 112x112 .. 6144 tokens of 28x28, CLIP mean/std.
+GLM_CHECKPOINT_IMAGE_PARAMS: dict[str, Any] = {
+    "size": {"shortest_edge": 12544, "longest_edge": 9633792},
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+
+
+def _builder(prefix: str, image_params: Mapping[str, Any]) -> Any:
+    def build(backend: str = "torchvision", **overrides: Any) -> Any:
+        import transformers
+
+        image_cls = getattr(
+            transformers,
+            {"torchvision": f"{prefix}ImageProcessor", "pil": f"{prefix}ImageProcessorPil"}[
+                backend
+            ],
+        )
+        params = {**image_params, **overrides}
+        tokenizer = build_tokenizer(GLM_SPECIAL_TOKENS, eos_token="<|endoftext|>")
+        return getattr(transformers, f"{prefix}Processor")(
+            image_processor=image_cls(**params),
+            tokenizer=tokenizer,
+            video_processor=getattr(transformers, f"{prefix}VideoProcessor")(),
+        )
+
+    return build
+
+
+_FAMILY = (
+    ("glm-4v", "Glm4vForConditionalGeneration", GlmVMultiModalProcessor, "Glm4v",
+     GLM_CHECKPOINT_IMAGE_PARAMS, "zai-org/GLM-4.1V-9B-Thinking"),
+    ("glm-ocr", "GlmOcrForConditionalGeneration", GlmVMultiModalProcessor, "Glm46V",
+     GLM_CHECKPOINT_IMAGE_PARAMS, "zai-org/GLM-OCR"),
+    ("glm-5-next", "Glm5NextForConditionalGeneration", Glm5NextMultiModalProcessor, "Glm5Next", {},
+     "zai-org/GLM-5.3-Flash"),
+)  # fmt: skip
+
+for _short, _arch, _cls, _prefix, _params, _example in _FAMILY:
+    register(
+        AdapterInfo(
+            short_name=_short,
+            architecture=_arch,
+            processor_cls=_cls,
+            build_hf_processor=_builder(_prefix, _params),
+            example_models=_example,
+        )
+    )

@@ -1,0 +1,265 @@
+"""Llama Nemotron VL retrieval models: the embedder and the reranker (images).
+
+Reference: vLLM's ``LlamaNemotronVLEmbedProcessor`` in ``vllm/model_executor/models/nemotron_vl.py``
+(vllm-project/vllm), registered for ``LlamaNemotronVLForEmbedding`` and inherited by
+``LlamaNemotronVLForSequenceClassification``. It restates the model cards' published
+preprocessing (``nvidia/llama-nemotron-embed-vl-1b-v2``, ``nvidia/llama-nemotron-rerank-vl-1b-v2``;
+the same ``dynamic_preprocess`` ships in NVIDIA-NeMo/Automodel's
+``components/models/llama_nemotron_vl/processor.py``). transformers has no processor for these
+architectures, so :func:`build_reference` returns a :class:`NemotronVLReference`: the tokenizer
+(built in code with the model's image tokens) and the published parameters, not an HF processor.
+Only the ``native`` transform exists.
+
+The transform, per image (InternVL's dynamic tiling with Nemotron's tile choice):
+
+1. candidate grids ``(cols, rows)`` with ``min_num <= cols * rows <= max_num``, ordered by tile
+   count; the grid maximising ``min(cols * rows * size**2 / area, 0.6) * closeness`` wins, where
+   ``closeness = min(r / a, a / r)`` for the grid's and the image's aspect ratios (first wins ties);
+2. PIL bicubic resize to ``(cols * size, rows * size)``, cut into ``size x size`` tiles row-major;
+3. with ``use_thumbnail`` and more than one tile, the whole image resized to ``size x size``
+   (PIL bicubic) is appended;
+4. ``/ 255`` then SigLIP's mean/std 0.5 (here on the device: tiles stay uint8, NCHW).
+
+Each ``<image>`` becomes ``<img>`` + ``<IMG_CONTEXT>`` x (256 x tiles) + ``</img>``; only the
+``<IMG_CONTEXT>`` tokens take embeddings. Parameters: tiles of 512 px, SigLIP 2 patch 16 and a
+0.5 pixel-shuffle (256 tokens per tile), 1..6 tiles plus a thumbnail, as the model cards run them.
+Images are converted to RGB before tiling (the model cards' order; vLLM converts each tile, which
+differs only for non-RGB inputs such as palette or RGBA images).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from aiomm.adapters.offline import build_tokenizer
+from aiomm.adapters.registry import AdapterInfo, register
+from aiomm.errors import ProcessorKwargsError
+from aiomm.kernels import ChannelLayout
+from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
+from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
+from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
+from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
+from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
+
+__all__ = (
+    "LlamaNemotronVLProcessor",
+    "NemotronVLReference",
+    "build_reference",
+    "select_tile_grid",
+)
+
+IMAGE_PLACEHOLDER = "<image>"
+IMG_START, IMG_END, IMG_CONTEXT = "<img>", "</img>", "<IMG_CONTEXT>"
+#: Llama 3.2's chat tokens and the retrievers' image tokens.
+NEMOTRON_VL_SPECIAL_TOKENS = (
+    "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+    "<|eot_id|>", IMG_START, IMG_END, IMG_CONTEXT, IMAGE_PLACEHOLDER,
+)  # fmt: skip
+
+# A grid's area bonus saturates once it covers 60% of the original image (the reference's rule).
+_AREA_CAP = 0.6
+_TILE_KWARGS = frozenset({"min_dynamic_patch", "max_dynamic_patch", "dynamic_image_size"})
+
+
+@dataclass(frozen=True)
+class NemotronVLReference:
+    """The published preprocessing of Llama Nemotron VL, with its tokenizer (no HF processor)."""
+
+    tokenizer: Any
+    image_size: int = 512
+    patch_size: int = 16
+    downsample_ratio: float = 0.5
+    min_dynamic_patch: int = 1
+    max_dynamic_patch: int = 6
+    dynamic_image_size: bool = True
+    use_thumbnail: bool = True
+    rescale_factor: float = 1 / 255
+    image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    @property
+    def num_image_token(self) -> int:
+        """Tokens per tile: the patch grid after pixel-shuffle."""
+        return int((self.image_size // self.patch_size) ** 2 * self.downsample_ratio**2)
+
+
+def build_reference(backend: str = "pil", **overrides: Any) -> NemotronVLReference:
+    """The reference parameters with an offline tokenizer (``backend``: PIL, the only one)."""
+    if backend not in ("pil", "torchvision"):
+        raise ValueError(f"unknown backend {backend!r}")
+    tokenizer = build_tokenizer(NEMOTRON_VL_SPECIAL_TOKENS, eos_token="<|end_of_text|>")
+    return NemotronVLReference(tokenizer=tokenizer, **overrides)
+
+
+def select_tile_grid(
+    width: int, height: int, *, image_size: int, min_num: int, max_num: int
+) -> tuple[int, int]:
+    """The ``(cols, rows)`` tile grid the reference picks for a ``width x height`` image."""
+    # The reference orders a set by tile count only; building the set in the same order keeps
+    # its order among equal counts, which decides exact ties.
+    grids = {
+        (cols, rows)
+        for n in range(min_num, max_num + 1)
+        for cols in range(1, n + 1)
+        for rows in range(1, n + 1)
+        if min_num <= cols * rows <= max_num
+    }
+    aspect = width / height
+    area = width * height
+    best, best_score = (1, 1), float("-inf")
+    for cols, rows in sorted(grids, key=lambda g: g[0] * g[1]):
+        grid_aspect = cols / rows
+        score = min((cols * rows * image_size * image_size) / area, _AREA_CAP) * min(
+            grid_aspect / aspect, aspect / grid_aspect
+        )
+        if score > best_score:
+            best, best_score = (cols, rows), score
+    return best
+
+
+@dataclass(frozen=True)
+class _TileParams:
+    min_num: int
+    max_num: int
+    use_thumbnail: bool
+
+
+class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
+    """Processor of the Llama Nemotron VL embedder and reranker (native transform only)."""
+
+    supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
+    dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
+        {"image": IMAGE_PLACEHOLDER}
+    )
+    has_native: ClassVar[bool] = True
+
+    def __init__(self, hf_processor: NemotronVLReference, **kwargs: Any) -> None:
+        super().__init__(hf_processor, **kwargs)
+        if self.transform != "native":
+            raise ValueError(
+                "Llama Nemotron VL has no HF processor to call; use transform='native' or 'auto'"
+            )
+        tokenizer = hf_processor.tokenizer
+        self.placeholder_ids: list[int] = tokenizer.encode(
+            IMAGE_PLACEHOLDER, add_special_tokens=False
+        )
+        start, end, context = tokenizer.convert_tokens_to_ids([IMG_START, IMG_END, IMG_CONTEXT])
+        self.img_start_id, self.img_end_id, self.img_context_id = int(start), int(end), int(context)
+
+    @property
+    def ref(self) -> NemotronVLReference:
+        """The reference parameters (held as ``hf_processor``)."""
+        return self.hf_processor
+
+    # kwargs ---------------------------------------------------------------------------------
+
+    def allowed_hf_kwargs(self) -> frozenset[str]:
+        return _TILE_KWARGS
+
+    def _tile_params(self, hf_kwargs: Mapping[str, Any]) -> _TileParams:
+        ref = self.ref
+        dynamic = bool(hf_kwargs.get("dynamic_image_size", ref.dynamic_image_size))
+        min_num = int(hf_kwargs.get("min_dynamic_patch", ref.min_dynamic_patch)) if dynamic else 1
+        max_num = int(hf_kwargs.get("max_dynamic_patch", ref.max_dynamic_patch)) if dynamic else 1
+        if not 1 <= min_num <= max_num:
+            raise ProcessorKwargsError(
+                f"need 1 <= min_dynamic_patch <= max_dynamic_patch, got {min_num}, {max_num}"
+            )
+        return _TileParams(min_num, max_num, ref.use_thumbnail)
+
+    # the transform --------------------------------------------------------------------------
+
+    def tile_image(self, image: Any, params: _TileParams) -> torch.Tensor:
+        """One image -> uint8 tiles ``[n, 3, size, size]`` (the thumbnail last)."""
+        size = self.ref.image_size
+        rgb = to_rgb_array(image)
+        height, width = rgb.shape[:2]
+        cols, rows = select_tile_grid(
+            width, height, image_size=size, min_num=params.min_num, max_num=params.max_num
+        )
+        chw = resize(rgb, rows * size, cols * size, Resample.BICUBIC, Backend.PIL)
+        tiles = chw.reshape(3, rows, size, cols, size).permute(1, 3, 0, 2, 4)
+        tiles = tiles.reshape(rows * cols, 3, size, size)
+        if params.use_thumbnail and rows * cols != 1:
+            thumbnail = resize(rgb, size, size, Resample.BICUBIC, Backend.PIL)
+            tiles = torch.cat([tiles, thumbnail.unsqueeze(0)])
+        return tiles
+
+    def _cpu_normalize(self, tiles: torch.Tensor) -> torch.Tensor:
+        # The reference's ToTensor (x / 255) then Normalize (sub mean, div std), in fp32.
+        ref = self.ref
+        mean = torch.tensor(ref.image_mean, dtype=torch.float32).view(-1, 1, 1)
+        std = torch.tensor(ref.image_std, dtype=torch.float32).view(-1, 1, 1)
+        return tiles.to(torch.float32).div(255).sub_(mean).div_(std)
+
+    def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
+        params = self._tile_params(hf_kwargs)
+        per_image = [self.tile_image(image, params) for image in hf_data.get("images", [])]
+        if not per_image:
+            return {}
+        pixel_values = torch.cat(per_image) if len(per_image) > 1 else per_image[0]
+        if not self.device_normalize:
+            pixel_values = self._cpu_normalize(pixel_values)
+        counts = np.array([len(t) for t in per_image], dtype=np.int64)
+        return {"pixel_values": pixel_values, "image_num_patches": torch.from_numpy(counts)}
+
+    # fields, updates, normalisation ---------------------------------------------------------
+
+    def _get_mm_fields_config(
+        self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
+    ) -> dict[str, MultiModalFieldConfig]:
+        counts = outputs.get("image_num_patches")
+        return {
+            "pixel_values": MultiModalFieldConfig.flat_from_sizes(
+                "image", counts if counts is not None else []
+            ),
+            "image_num_patches": MultiModalFieldConfig.batched("image"),
+        }
+
+    def image_tokens(self, num_tiles: int) -> PromptUpdateDetails:
+        """``<img>`` + ``<IMG_CONTEXT>`` x (tokens x tiles) + ``</img>``; embeds on the context."""
+        context = [self.img_context_id] * (self.ref.num_image_token * num_tiles)
+        return PromptUpdateDetails.select_token_id(
+            [self.img_start_id, *context, self.img_end_id], self.img_context_id
+        )
+
+    def _get_prompt_updates(
+        self,
+        mm_counts: Mapping[str, int],
+        hf_kwargs: Mapping[str, Any],
+        mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> list[PromptUpdate]:
+        items = mm_kwargs.get("image", [])
+
+        def replacement(i: int) -> PromptUpdateDetails:
+            return self.image_tokens(int(items[i].data["image_num_patches"]))
+
+        return [PromptReplacement("image", self.placeholder_ids, replacement)]
+
+    def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
+        ref = self.ref
+        return NormalizationParams(
+            ref.rescale_factor, ref.image_mean, ref.image_std, ChannelLayout.NCHW
+        )
+
+
+for _short, _arch, _example in (
+    ("llama-nemotron-vl-embed", "LlamaNemotronVLForEmbedding",
+     "nvidia/llama-nemotron-embed-vl-1b-v2"),
+    ("llama-nemotron-vl-rerank", "LlamaNemotronVLForSequenceClassification",
+     "nvidia/llama-nemotron-rerank-vl-1b-v2"),
+):  # fmt: skip
+    register(
+        AdapterInfo(
+            short_name=_short,
+            architecture=_arch,
+            processor_cls=LlamaNemotronVLProcessor,
+            build_hf_processor=build_reference,
+            example_models=_example,
+        )
+    )
