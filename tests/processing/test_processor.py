@@ -237,3 +237,15 @@ def test_native_requires_an_adapter_with_one() -> None:
     assert proc.transform == "native"
     with pytest.raises(ValueError, match="transform"):
         MultiModalConfig(transform="fast")
+
+
+def test_all_sixteen_architectures_are_listed_with_their_defaults() -> None:
+    infos = supported_adapters()
+    assert len(infos) == 16
+    assert len({i.architecture for i in infos}) == 16 and len({i.short_name for i in infos}) == 16
+    defaults = {i.short_name: i.mm_device_do_normalize for i in infos}
+    assert defaults.pop("chameleon") is False
+    assert all(defaults.values())
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for info in infos:  # the README's support table shows every one
+        assert f"`{info.short_name}` | `{info.architecture}`" in readme
