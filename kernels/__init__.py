@@ -12,8 +12,39 @@ from .norm import ChannelLayout, FusedMMInputNorm
 
 if TYPE_CHECKING:
     from ._triton_norm import fused_mm_input_norm_triton
+    from ._triton_resample import resample_uint8_triton
+    from .resample import (
+        ImageLayout,
+        ResampleVariant,
+        ResizeCoefficients,
+        resize_coefficients,
+        resize_uint8,
+        resize_uint8_reference,
+    )
 
-__all__ = ("ChannelLayout", "FusedMMInputNorm", "fused_mm_input_norm_triton")
+__all__ = (
+    "ChannelLayout",
+    "FusedMMInputNorm",
+    "ImageLayout",
+    "ResampleVariant",
+    "ResizeCoefficients",
+    "fused_mm_input_norm_triton",
+    "resample_uint8_triton",
+    "resize_coefficients",
+    "resize_uint8",
+    "resize_uint8_reference",
+)
+
+# Resize: the public names of .resample (pure torch) and the launcher (imports Triton).
+_LAZY = {
+    "ImageLayout": "resample",
+    "ResampleVariant": "resample",
+    "ResizeCoefficients": "resample",
+    "resize_coefficients": "resample",
+    "resize_uint8": "resample",
+    "resize_uint8_reference": "resample",
+    "resample_uint8_triton": "_triton_resample",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +53,10 @@ def __getattr__(name: str) -> Any:
         from ._triton_norm import fused_mm_input_norm_triton
 
         return fused_mm_input_norm_triton
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
