@@ -92,6 +92,7 @@ class QwenVLProcessor(BaseMultiModalProcessor):
         {"image": IMAGE_PLACEHOLDER}
     )
     has_native: ClassVar[bool] = True
+    supports_device_resize: ClassVar[bool] = True
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
@@ -174,7 +175,10 @@ class QwenVLProcessor(BaseMultiModalProcessor):
         """One image -> (rows, [grid_t, grid_h, grid_w])."""
         rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
         height, width = self.target_size(rgb.shape[0], rgb.shape[1], params)
-        chw = resize(rgb, height, width, params.resample, self.backend)
+        if self.resize_device is not None and self.device_normalize:
+            chw = self._resize_on_device(rgb, height, width, params)
+        else:
+            chw = resize(rgb, height, width, params.resample, self.backend)
         if not self.device_normalize:
             chw = self._cpu_normalize(chw, params)
         rows = patchify(
@@ -184,6 +188,25 @@ class QwenVLProcessor(BaseMultiModalProcessor):
             temporal_patch_size=params.temporal_patch_size,
         )
         return rows, [1, height // params.patch_size, width // params.patch_size]
+
+    def _resize_on_device(
+        self, rgb: np.ndarray, height: int, width: int, params: _TransformParams
+    ) -> torch.Tensor:
+        """The decoded uint8 image crosses to the device; resize there, bit-exact to the CPU."""
+        from aiomm.kernels import ResampleVariant, resize_uint8
+
+        if params.resample is not Resample.BICUBIC:
+            return resize(rgb, height, width, params.resample, self.backend)
+        variant = (
+            ResampleVariant.PIL_BICUBIC
+            if self.backend is Backend.PIL
+            else ResampleVariant.TORCH_BICUBIC_AA
+        )
+        src = torch.from_numpy(np.ascontiguousarray(rgb) if rgb.flags.writeable else rgb.copy())
+        src = src.to(self.resize_device)
+        if (height, width) != tuple(src.shape[:2]):
+            src = resize_uint8(src, height, width, variant, layout="hwc")
+        return src.permute(2, 0, 1).contiguous()
 
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
         params = self._resolve_params(hf_kwargs)

@@ -47,6 +47,9 @@ class EngineConfig:
     #: intra-op threads of torch, set once when the engine opens (None: leave the process
     #: setting alone). Workers already run in parallel; 1 avoids oversubscribing the cores.
     torch_threads: int | None = None
+    #: resize + patchify on the device (bit-exact to the CPU path): the CPU only decodes.
+    #: None = on when the device is CUDA and the adapter's transform is a plain resize.
+    mm_device_resize: bool | None = None
     #: hash encoded bytes in a worker thread above this size (below it the loop is faster)
     hash_in_thread_bytes: int = 1 << 20
     fetch: FetchConfig = field(default_factory=FetchConfig)

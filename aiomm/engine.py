@@ -21,6 +21,7 @@ device         normalise to ``visual_dtype`` on device    threads (the wait for 
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import threading
 import time
@@ -110,11 +111,14 @@ class Engine:
         *,
         adapter_id: str | None = None,
     ) -> None:
-        self.processor = processor
         self.config = config or EngineConfig()
+        self.device = DeviceStage(self.config.device, self.config.visual_dtype)
+        self.processor = self._with_device_resize(processor)
         self.adapter_id = adapter_id or type(processor).__name__
+        resize_on = "device-resize" if self.processor.resize_device is not None else "cpu-resize"
         self._fingerprint = (
             f"{self.adapter_id}:{getattr(processor, 'backend', None)}:{processor.transform}"
+            f":{resize_on}"
         )
         self._normalize_mode = "device" if processor.device_normalize else "cpu"
         self._tg: anyio.abc.TaskGroup | None = None
@@ -130,9 +134,33 @@ class Engine:
         self._transform_limiter = anyio.CapacityLimiter(cfg.transform_threads)
         self._device_limiter = anyio.CapacityLimiter(max(1, min(4, cfg.transform_threads)))
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
-        self.device = DeviceStage(cfg.device, cfg.visual_dtype)
 
     # ------------------------------------------------------------------ construction
+
+    def _with_device_resize(self, processor: BaseMultiModalProcessor) -> BaseMultiModalProcessor:
+        """The processor, resizing on the engine's device when ``mm_device_resize`` says so.
+
+        :raises ValueError: if device resize is requested for an adapter that cannot do it.
+        """
+        wanted = self.config.mm_device_resize
+        capable = (
+            processor.supports_device_resize
+            and processor.transform == "native"
+            and processor.device_normalize
+        )
+        if wanted is None:
+            wanted = capable and self.device.device.type == "cuda"
+        if not wanted:
+            return processor
+        if not capable:
+            raise ValueError(
+                f"mm_device_resize needs an adapter whose native transform is a plain resize "
+                f"with device normalisation; {type(processor).__name__} "
+                f"(transform={processor.transform}) keeps the CPU path"
+            )
+        processor = copy.copy(processor)
+        processor.resize_device = self.device.device
+        return processor
 
     @classmethod
     def from_pretrained(

@@ -153,6 +153,10 @@ class BaseMultiModalProcessor:
     dummy_inputs: ClassVar[BaseDummyInputsBuilder]
     default_device_normalize: ClassVar[bool] = True
     has_native: ClassVar[bool] = False
+    #: whether the native transform is a plain resize + patchify that can run on the device
+    supports_device_resize: ClassVar[bool] = False
+    #: where the native transform resizes (None: on the CPU); set by the engine
+    resize_device: torch.device | None = None
 
     def __init__(self, hf_processor: Any, *, config: MultiModalConfig | None = None) -> None:
         self.hf_processor = hf_processor

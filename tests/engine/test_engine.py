@@ -402,3 +402,35 @@ async def test_stats_report_stages_queues_and_cache(make_processor) -> None:
     assert set(stats.queues) == {"requests", "fetch", "transform", "device"}
     assert stats.cache.hits == 2 and stats.cache.misses == 1
     assert stats.decoded_bytes.in_use == 0 and stats.decoded_bytes.peak > 0
+
+
+@pytest.mark.parametrize("backend", ["torchvision", "pil"])
+@pytest.mark.parametrize("name", ["qwen2-vl", "qwen3-vl"])
+async def test_device_resize_equals_cpu_resize(make_processor, name: str, backend: str) -> None:
+    """mm_device_resize moves resize + patchify to the device, bit-exact to the CPU path.
+
+    On this CPU-only machine the device is the CPU and the resize runs the integer torch
+    reference of the kernels (the Triton passes themselves are tested in tests/kernels).
+    """
+    rng = np.random.default_rng(int(time.time()))
+    shapes = [(int(rng.integers(20, 700)), int(rng.integers(20, 700))) for _ in range(4)]
+    imgs = [encode(photo_like(rng, h, w), "PNG") for h, w in shapes]
+    outputs = {}
+    for device_resize in (False, True):
+        config = EngineConfig(device="cpu", mm_device_resize=device_resize)
+        async with Engine(make_processor(name, backend), config) as engine:
+            assert (engine.processor.resize_device is not None) is device_resize
+            result = await engine.process(Request(prompt=prompt(4), images=imgs))
+        outputs[device_resize] = result
+    cpu, dev = outputs[False], outputs[True]
+    assert dev.prompt_token_ids == cpu.prompt_token_ids
+    assert torch.equal(dev.mm_kwargs["image_grid_thw"], cpu.mm_kwargs["image_grid_thw"])
+    assert torch.equal(dev.pixel_values, cpu.pixel_values), shapes
+
+
+async def test_device_resize_refused_for_the_classic_path(make_processor) -> None:
+    processor = make_processor(mm_device_do_normalize=False)
+    with pytest.raises(ValueError, match="mm_device_resize"):
+        Engine(processor, EngineConfig(device="cpu", mm_device_resize=True))
+    # the default (None) keeps the CPU path off CUDA
+    assert Engine(make_processor(), EngineConfig(device="cpu")).processor.resize_device is None
