@@ -44,6 +44,11 @@ class EngineConfig:
     visual_dtype: VisualDtype = "bfloat16"
     #: "auto" = CUDA when available, else CPU
     device: str = "auto"
+    #: pinned host staging buffers for uint8 H2D copies (also the device stage's concurrency)
+    device_staging_buffers: int = 4
+    #: initial size of each staging buffer; grown (powers of two) up to the maximum below
+    device_staging_buffer_bytes: int = 16 << 20
+    device_staging_max_buffer_bytes: int = 256 << 20
     #: intra-op threads of torch, set once when the engine opens (None: leave the process
     #: setting alone). Workers already run in parallel; 1 avoids oversubscribing the cores.
     torch_threads: int | None = None
@@ -57,7 +62,12 @@ class EngineConfig:
     processing: MultiModalConfig = field(default_factory=MultiModalConfig)
 
     def __post_init__(self) -> None:
-        for name in ("transform_threads", "fetch_concurrency", "max_in_flight"):
+        for name in (
+            "transform_threads",
+            "fetch_concurrency",
+            "max_in_flight",
+            "device_staging_buffers",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")

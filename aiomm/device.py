@@ -1,22 +1,55 @@
-"""The device stage: uint8 pixel values -> normalised ``visual_dtype`` on the engine's device.
+"""The device stage: pixel values -> normalised ``visual_dtype`` on the engine's device.
 
-On a CPU-only machine this runs ``FusedMMInputNorm``'s native path in a worker thread; on CUDA
-the uint8 tensor crosses to the device (half the bytes of bf16) and the fused Triton kernel
-writes ``visual_dtype`` directly. With ``mm_device_do_normalize`` off, pixel values arrive
-already normalised on the CPU and are only cast and moved (the classic path).
+Input: a CPU tensor of pixel values (uint8 when ``mm_device_do_normalize`` is on, already
+normalised floats on the classic path) and the request's ``NormalizationParams`` (None on the
+classic path). Output: a contiguous ``visual_dtype`` tensor on the device, or the leading rows of a
+caller-provided batch-padded ``out``. Runs on the event loop; host copies, launches and every wait
+for the GPU run in worker threads.
+
+On CUDA, per request:
+
+1. a staging buffer is taken from a :class:`~aiomm.pinned_pool.PinnedBufferPool` (waiting while
+   all are lent: backpressure) and the pixels are copied into it on the host (uint8 stays uint8;
+   the classic path casts to ``visual_dtype`` here, so bf16 crosses instead of fp32);
+2. one ``non_blocking`` copy to the device on a dedicated copy stream, followed by an event;
+3. the fused kernel on a dedicated norm stream that waits for that event (and for an event on
+   the caller's stream, so memory the caller recycled or passed as ``out`` is no longer in use),
+   writing ``visual_dtype`` into an output allocated under the caller's stream;
+4. a worker thread waits for the kernel's event; the staging buffer goes back to the pool only
+   once the copy's event has completed, also after an error or a cancellation.
+
+Device tensors live until the events that order their last use have completed (no
+``record_stream``). Several requests are in flight at once: the copy of one overlaps the kernel of
+another, and decode of others on the CPU. CUDA events time the copy and the kernel.
+
+On a CPU-only machine the same API runs ``forward_native`` in a worker thread and touches nothing
+CUDA-specific. Inputs larger than one staging buffer may hold are copied from pageable memory.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 import torch
 
+from aiomm.errors import KernelInputError, OutputBufferError, UnsupportedDtypeError
 from aiomm.kernels import FusedMMInputNorm
+from aiomm.kernels.norm import OUTPUT_DTYPES
+from aiomm.pinned_pool import (
+    CudaEventFence,
+    PinnedBuffer,
+    PinnedBufferPool,
+    PinnedPoolStatistics,
+)
 from aiomm.processing.processor import NormalizationParams
 
-__all__ = ("DeviceStage",)
+__all__ = ("DeviceStage", "DeviceStageStatistics", "resolve_device")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -26,41 +59,352 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-class DeviceStage:
-    """Moves and normalises pixel values; the blocking part runs in a worker thread."""
+@dataclass(frozen=True)
+class DeviceStageStatistics:
+    """A snapshot of a :class:`DeviceStage`; times come from CUDA events (None off CUDA)."""
 
-    def __init__(self, device: str, visual_dtype: str) -> None:
+    device: str
+    dtype: str
+    #: completed ``run`` calls
+    runs: int
+    #: host-to-device copies issued, and their bytes
+    copies: int
+    bytes_copied: int
+    #: copies made from pageable memory (input larger than a staging buffer, or no staging)
+    pageable_copies: int
+    copy_ms_total: float | None
+    copy_ms_last: float | None
+    kernel_ms_total: float | None
+    kernel_ms_last: float | None
+    #: staging pool: slots, lent now, tasks waiting (all 0 without a pool)
+    pool_capacity: int
+    pool_in_use: int
+    pool_waiting: int
+    pool: PinnedPoolStatistics | None
+
+
+class _Done(NamedTuple):
+    result: torch.Tensor
+    copied_bytes: int
+    pageable: bool
+    copy_ms: float | None
+    kernel_ms: float | None
+
+
+class DeviceStage:
+    """Moves pixel values to the device and normalises (or, classic path, casts) them.
+
+    Knobs: ``staging_buffers`` slots in the staging pool, each ``buffer_bytes`` at first and
+    grown up to ``max_buffer_bytes``; ``staging`` (default: on CUDA only) routes inputs through the
+    pool, also on the CPU, where it exercises the same accounting; ``timing`` records CUDA events
+    for ``copy_ms`` and ``kernel_ms``; ``allocator`` replaces the pool's buffer allocator.
+
+    :raises UnsupportedDtypeError: for a ``visual_dtype`` the kernel does not write.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        visual_dtype: str,
+        *,
+        staging_buffers: int = 4,
+        buffer_bytes: int = 16 << 20,
+        max_buffer_bytes: int = 256 << 20,
+        staging: bool | None = None,
+        timing: bool = True,
+        allocator: Callable[[int], torch.Tensor] | None = None,
+    ) -> None:
         self.device = resolve_device(device)
-        self.dtype: torch.dtype = getattr(torch, visual_dtype)
-        self.bytes_moved = 0
+        dtype = getattr(torch, visual_dtype, None)
+        if dtype not in OUTPUT_DTYPES:
+            raise UnsupportedDtypeError(
+                f"visual_dtype {visual_dtype!r} is not supported; expected one of "
+                f"{[str(d).removeprefix('torch.') for d in OUTPUT_DTYPES]}"
+            )
+        self.dtype: torch.dtype = dtype
+        self._cuda = self.device.type == "cuda"
+        self._timing = timing and self._cuda
+        use_pool = self._cuda if staging is None else staging
+        self.pool: PinnedBufferPool | None = (
+            PinnedBufferPool(
+                staging_buffers,
+                buffer_bytes=buffer_bytes,
+                max_buffer_bytes=max_buffer_bytes,
+                allocator=allocator,
+                pin_memory=self._cuda,
+            )
+            if use_pool
+            else None
+        )
         self._modules: dict[NormalizationParams, FusedMMInputNorm] = {}
         self._lock = threading.Lock()
+        self._streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None
+        self._runs = self._copies = self._bytes = self._pageable = 0
+        self._copy_ms = self._kernel_ms = 0.0
+        self._copy_last: float | None = None
+        self._kernel_last: float | None = None
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes copied from the host to the device so far (0 on the CPU)."""
+        return self._bytes
+
+    def statistics(self) -> DeviceStageStatistics:
+        pool = None if self.pool is None else self.pool.statistics()
+        timed = self._timing
+        return DeviceStageStatistics(
+            device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            runs=self._runs,
+            copies=self._copies,
+            bytes_copied=self._bytes,
+            pageable_copies=self._pageable,
+            copy_ms_total=self._copy_ms if timed else None,
+            copy_ms_last=self._copy_last if timed else None,
+            kernel_ms_total=self._kernel_ms if timed else None,
+            kernel_ms_last=self._kernel_last if timed else None,
+            pool_capacity=0 if pool is None else pool.capacity,
+            pool_in_use=0 if pool is None else pool.in_use,
+            pool_waiting=0 if pool is None else pool.waiting,
+            pool=pool,
+        )
+
+    # ------------------------------------------------------------------ run
+
+    async def run(
+        self,
+        pixel_values: torch.Tensor,
+        params: NormalizationParams | None,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Normalise (or, on the classic path, cast) ``pixel_values`` onto the device.
+
+        With ``out`` (contiguous, ``visual_dtype``, on the device, ``out.shape[1:] ==
+        pixel_values.shape[1:]`` and at least as many rows) only its leading rows are written and
+        that view is returned.
+
+        :raises KernelInputError: ``pixel_values`` not on the CPU; and the kernel's errors
+            (``UnsupportedDtypeError``, ``LayoutError``, ``OutputBufferError``).
+        """
+        x = pixel_values
+        if x.device.type != "cpu":
+            raise KernelInputError(f"pixel_values must be a CPU tensor, got one on {x.device}")
+        if out is not None:
+            _check_out(out, x, self.dtype, self.device)
+        if self._cuda:
+            await self._ensure_cuda()
+        if x.numel() == 0:
+            await anyio.lowlevel.checkpoint()
+            result = (
+                torch.empty(x.shape, dtype=self.dtype, device=self.device)
+                if out is None
+                else out[: x.shape[0]]
+            )
+            self._runs += 1
+            return result
+        if self._cuda:
+            # The caller's stream, read on the caller's thread: the output belongs to it.
+            consumer = torch.cuda.current_stream(self.device)
+            done = await self._staged(self._cuda_sync, x, params, out, consumer)
+        elif self.pool is not None:
+            done = await self._staged(self._cpu_staged_sync, x, params, out)
+        else:
+            done = await anyio.to_thread.run_sync(self._cpu_sync, x, params, out)
+        self._account(done)
+        return done.result
+
+    async def _staged(
+        self,
+        fn: Callable[..., _Done],
+        x: torch.Tensor,
+        params: NormalizationParams | None,
+        out: torch.Tensor | None,
+        *args: Any,
+    ) -> _Done:
+        transfer = x.dtype if params is not None else self.dtype
+        nbytes = x.numel() * transfer.itemsize
+        if self.pool is None or not self.pool.fits(nbytes):
+            return await anyio.to_thread.run_sync(fn, x, params, out, *args, None)
+        async with self.pool.lease(nbytes) as buffer:
+            return await anyio.to_thread.run_sync(fn, x, params, out, *args, buffer)
+
+    def _account(self, done: _Done) -> None:
+        self._runs += 1
+        if done.copied_bytes:
+            self._copies += 1
+            self._bytes += done.copied_bytes
+            self._pageable += done.pageable
+        if done.copy_ms is not None:
+            self._copy_ms += done.copy_ms
+            self._copy_last = done.copy_ms
+        if done.kernel_ms is not None:
+            self._kernel_ms += done.kernel_ms
+            self._kernel_last = done.kernel_ms
 
     def _module(self, params: NormalizationParams) -> FusedMMInputNorm:
         with self._lock:
             module = self._modules.get(params)
             if module is None:
-                module = self._modules[params] = params.module().to(self.device)
+                module = params.module()
+                if self._cuda:
+                    assert self._streams is not None
+                    # Uploaded on the norm stream, so every later kernel there is ordered after it.
+                    with torch.cuda.stream(self._streams[1]):
+                        module = module.to(self.device)
+                self._modules[params] = module
             return module
 
-    async def run(
-        self, pixel_values: torch.Tensor, params: NormalizationParams | None
-    ) -> torch.Tensor:
-        """Normalise (or, on the classic path, cast) ``pixel_values`` onto the device."""
-        out = await anyio.to_thread.run_sync(self._run_sync, pixel_values, params)
-        self.bytes_moved += pixel_values.nbytes if self.device.type != "cpu" else 0
-        return out
+    # ------------------------------------------------------------------ CPU (worker threads)
 
-    def _run_sync(
-        self, pixel_values: torch.Tensor, params: NormalizationParams | None
-    ) -> torch.Tensor:
-        on_cuda = self.device.type == "cuda"
-        x = pixel_values.to(self.device, non_blocking=False) if on_cuda else pixel_values
+    def _cpu_sync(
+        self, x: torch.Tensor, params: NormalizationParams | None, out: torch.Tensor | None
+    ) -> _Done:
         if params is None:
-            out = x.to(self.dtype)
+            result = _cast_into(x, self.dtype, out, copy=True)
         else:
-            out = self._module(params)(x, self.dtype, layout=params.layout)
-        if on_cuda:
-            # Waiting here, in a worker thread, keeps the event loop free.
-            torch.cuda.current_stream(self.device).synchronize()
-        return out
+            result = self._module(params).forward_native(x, self.dtype, out, params.layout)
+        return _Done(result, 0, False, None, None)
+
+    def _cpu_staged_sync(
+        self,
+        x: torch.Tensor,
+        params: NormalizationParams | None,
+        out: torch.Tensor | None,
+        buffer: PinnedBuffer | None,
+    ) -> _Done:
+        if buffer is None:
+            return self._cpu_sync(x, params, out)
+        transfer = x.dtype if params is not None else self.dtype
+        staging = buffer.view(transfer, x.shape)
+        staging.copy_(x)
+        if params is None:
+            # The staging buffer goes back to the pool: the result must not alias it.
+            result = _cast_into(staging, self.dtype, out, copy=True)
+        else:
+            result = self._module(params).forward_native(staging, self.dtype, out, params.layout)
+        return _Done(result, 0, False, None, None)
+
+    # ------------------------------------------------------------------ CUDA (worker threads)
+
+    async def _ensure_cuda(self) -> None:
+        if self._streams is None:
+            # CUDA's lazy initialisation takes a while: never on the event loop.
+            await anyio.to_thread.run_sync(self._init_cuda)
+
+    def _init_cuda(self) -> None:
+        with self._lock:
+            if self._streams is None:
+                torch.cuda.init()
+                copy_stream = torch.cuda.Stream(self.device)
+                norm_stream = torch.cuda.Stream(self.device)
+                self._streams = (copy_stream, norm_stream)
+
+    def _cuda_sync(
+        self,
+        x: torch.Tensor,
+        params: NormalizationParams | None,
+        out: torch.Tensor | None,
+        consumer: torch.cuda.Stream,
+        buffer: PinnedBuffer | None,
+    ) -> _Done:
+        assert self._streams is not None
+        copy_stream, norm_stream = self._streams
+        module = None if params is None else self._module(params)
+        transfer = x.dtype if params is not None else self.dtype
+        n = x.shape[0]
+        timing = self._timing
+
+        def event() -> torch.cuda.Event:
+            return torch.cuda.Event(enable_timing=timing)
+
+        # Allocated under the caller's stream, so once the caller frees it the caching allocator
+        # reuses it in that stream's order; ``ready`` orders our writes after the caller's work.
+        with torch.cuda.stream(consumer):
+            dst = (
+                torch.empty(x.shape, dtype=self.dtype, device=self.device)
+                if out is None
+                else out[:n]
+            )
+            ready = torch.cuda.Event()
+            ready.record(consumer)
+
+        if buffer is not None:
+            src = buffer.view(transfer, x.shape)
+            src.copy_(x)  # host memcpy (a cast on the classic path) into pinned memory
+        else:
+            src = x.to(transfer)
+        pinned = buffer is not None and src.is_pinned()
+        copy_start, copy_done = event(), event()
+        dev_in: torch.Tensor | None = None
+        kernel_start = kernel_done = None
+        try:
+            with torch.cuda.stream(copy_stream):
+                if module is None:
+                    # The classic path copies straight into ``dst``: after the caller's work.
+                    copy_stream.wait_event(ready)
+                else:
+                    # Allocated on the copy stream; kept alive below until the kernel that
+                    # reads it has completed, so its memory is never recycled under the kernel.
+                    dev_in = torch.empty(x.shape, dtype=transfer, device=self.device)
+                copy_start.record(copy_stream)
+                (dst if dev_in is None else dev_in).copy_(src, non_blocking=pinned)
+                copy_done.record(copy_stream)
+            if buffer is not None:
+                buffer.mark_in_flight(CudaEventFence(copy_done))
+            last = copy_done
+            if module is not None and params is not None:
+                assert dev_in is not None
+                kernel_start, kernel_done = event(), event()
+                norm_stream.wait_event(copy_done)
+                norm_stream.wait_event(ready)
+                with torch.cuda.stream(norm_stream):
+                    kernel_start.record(norm_stream)
+                    dst = module.forward(dev_in, self.dtype, dst, params.layout)
+                    kernel_done.record(norm_stream)
+                last = kernel_done
+            last.synchronize()  # a worker thread: the event loop keeps running
+        except BaseException:
+            # Whatever we enqueued must finish before its tensors can be freed or reused.
+            for stream in (copy_stream, norm_stream):
+                stream.synchronize()
+            raise
+        del dev_in
+        copy_ms = copy_start.elapsed_time(copy_done) if timing else None
+        kernel_ms = (
+            kernel_start.elapsed_time(kernel_done)
+            if timing and kernel_start is not None and kernel_done is not None
+            else None
+        )
+        return _Done(dst, src.nbytes, not pinned, copy_ms, kernel_ms)
+
+
+def _check_out(
+    out: torch.Tensor, x: torch.Tensor, dtype: torch.dtype, device: torch.device
+) -> None:
+    """:raises OutputBufferError: ``out`` cannot take ``x``'s rows in ``dtype`` on ``device``."""
+    if out.dtype != dtype:
+        raise OutputBufferError(f"out has dtype {out.dtype}, visual_dtype is {dtype}")
+    if out.device.type != device.type or (
+        device.index is not None and out.device.index != device.index
+    ):
+        raise OutputBufferError(f"out is on {out.device}, the device stage runs on {device}")
+    if x.dim() == 0 or out.dim() != x.dim() or out.shape[1:] != x.shape[1:]:
+        raise OutputBufferError(
+            f"out has shape {list(out.shape)}; it must be [>= rows, *{list(x.shape[1:])}] "
+            f"for pixel_values of shape {list(x.shape)}"
+        )
+    if out.shape[0] < x.shape[0]:
+        raise OutputBufferError(f"out holds {out.shape[0]} rows along dim 0, x needs {x.shape[0]}")
+    if not out.is_contiguous():
+        raise OutputBufferError("out must be contiguous")
+
+
+def _cast_into(
+    x: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None, *, copy: bool
+) -> torch.Tensor:
+    if out is not None:
+        dst = out[: x.shape[0]]
+        dst.copy_(x)
+        return dst
+    return x.to(dtype, memory_format=torch.contiguous_format, copy=copy)

@@ -40,7 +40,7 @@ import torch
 from aiomm.admission import ByteBudget, ByteBudgetStatistics
 from aiomm.config import EngineConfig
 from aiomm.decode import decode_image, image_from_object, probe_image_size
-from aiomm.device import DeviceStage
+from aiomm.device import DeviceStage, DeviceStageStatistics
 from aiomm.errors import AiommError, EngineClosedError, ProcessingError
 from aiomm.fetch import MediaFetcher
 from aiomm.hashing import hash_bytes, hash_pixels, item_cache_key
@@ -80,6 +80,7 @@ class EngineStats:
     decoded_bytes: ByteBudgetStatistics
     cache: Any
     fetch: Any
+    device: DeviceStageStatistics
 
 
 @dataclass
@@ -112,7 +113,14 @@ class Engine:
         adapter_id: str | None = None,
     ) -> None:
         self.config = config or EngineConfig()
-        self.device = DeviceStage(self.config.device, self.config.visual_dtype)
+        cfg = self.config
+        self.device = DeviceStage(
+            cfg.device,
+            cfg.visual_dtype,
+            staging_buffers=cfg.device_staging_buffers,
+            buffer_bytes=cfg.device_staging_buffer_bytes,
+            max_buffer_bytes=cfg.device_staging_max_buffer_bytes,
+        )
         self.processor = self._with_device_resize(processor)
         self.adapter_id = adapter_id or type(processor).__name__
         resize_on = "device-resize" if self.processor.resize_device is not None else "cpu-resize"
@@ -128,11 +136,11 @@ class Engine:
         self._local = threading.local()
         self._recorder = StageRecorder()
         self._counters = _Counters()
-        cfg = self.config
         self._request_limiter = anyio.CapacityLimiter(cfg.max_in_flight)
         self._fetch_limiter = anyio.CapacityLimiter(cfg.fetch_concurrency)
         self._transform_limiter = anyio.CapacityLimiter(cfg.transform_threads)
-        self._device_limiter = anyio.CapacityLimiter(max(1, min(4, cfg.transform_threads)))
+        # Matches the staging pool, so CPU and CUDA admit the same requests to the device stage.
+        self._device_limiter = anyio.CapacityLimiter(cfg.device_staging_buffers)
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
 
     # ------------------------------------------------------------------ construction
@@ -203,6 +211,9 @@ class Engine:
         except BaseException:
             await stack.aclose()
             raise
+        if self.device.pool is not None and self.device.device.type == "cuda":
+            # pinned allocation is slow and takes locks: do it before the first request
+            await self.device.pool.preallocate()
         self._stack, self._tg = stack, tg
         self._cache = ItemCache(tg, capacity_bytes=self.config.cache_capacity_bytes)
         log.info("engine_open", adapter=self.adapter_id, transform=self.processor.transform,
@@ -316,6 +327,7 @@ class Engine:
             return LimiterStats(int(s.total_tokens), s.borrowed_tokens, s.tasks_waiting)
 
         c = self._counters
+        device_stats = self.device.statistics()
         return EngineStats(
             requests_started=c.started,
             requests_completed=c.completed,
@@ -328,8 +340,12 @@ class Engine:
                 "fetch": lim(self._fetch_limiter),
                 "transform": lim(self._transform_limiter),
                 "device": lim(self._device_limiter),
+                "device_staging": LimiterStats(
+                    device_stats.pool_capacity, device_stats.pool_in_use, device_stats.pool_waiting
+                ),
             },
             decoded_bytes=self._budget.statistics(),
+            device=device_stats,
             cache=None if self._cache is None else self._cache.statistics(),
             fetch=None if self._fetcher is None else self._fetcher.statistics(),
         )

@@ -399,7 +399,8 @@ async def test_stats_report_stages_queues_and_cache(make_processor) -> None:
     assert stats.requests_failed == 1 and stats.images_processed == 3
     assert stats.stages["total"].count == 3 and stats.stages["total"].p99 > 0
     assert stats.stages["decode_transform"].count == 1
-    assert set(stats.queues) == {"requests", "fetch", "transform", "device"}
+    assert set(stats.queues) == {"requests", "fetch", "transform", "device", "device_staging"}
+    assert stats.device.runs == 3 and stats.device.device == "cpu"
     assert stats.cache.hits == 2 and stats.cache.misses == 1
     assert stats.decoded_bytes.in_use == 0 and stats.decoded_bytes.peak > 0
 
