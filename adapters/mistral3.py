@@ -227,7 +227,7 @@ class Mistral3MultiModalProcessor(BaseMultiModalProcessor):
         """One image -> its ``[C, h, w]`` pixels (uint8, or normalised on the classic path)."""
         rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
         height, width = self.target_size(rgb.shape[0], rgb.shape[1], params)
-        chw = resize(rgb, height, width, params.resample, self.backend)
+        chw = resize(rgb, height, width, params.resample, self.backend).contiguous()
         return chw if self.device_normalize else self._cpu_normalize(chw, params)
 
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:

@@ -64,8 +64,10 @@ def to_rgb_array(image: PIL.Image.Image | np.ndarray) -> np.ndarray:
     """
     if isinstance(image, PIL.Image.Image):
         has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
-        rgb = _composite_on_white(image) if has_alpha else image.convert("RGB")
-        return np.asarray(rgb)
+        if has_alpha:
+            return np.asarray(_composite_on_white(image))
+        # convert() copies even when the mode already is RGB
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     array = np.asarray(image)
     if array.dtype != np.uint8:
         raise ProcessingError(f"image arrays must be uint8, got {array.dtype}")
@@ -83,34 +85,29 @@ def to_rgb_array(image: PIL.Image.Image | np.ndarray) -> np.ndarray:
     return array
 
 
-def _chw(image: np.ndarray) -> torch.Tensor:
+def _chw_view(image: np.ndarray) -> torch.Tensor:
+    """A ``C x H x W`` view (channels-last strides) of an ``H x W x C`` array, copied only if
+    the array is read-only (torch warns when it wraps read-only memory)."""
     if not image.flags.writeable:
         image = image.copy()
-    return torch.from_numpy(image).permute(2, 0, 1).contiguous()
-
-
-def _chw(image: np.ndarray) -> torch.Tensor:
-    """A contiguous ``C x H x W`` uint8 tensor of an ``H x W x C`` array (one copy)."""
-    out = torch.empty((image.shape[2], image.shape[0], image.shape[1]), dtype=torch.uint8)
-    if not image.flags.writeable:
-        # torch refuses to wrap read-only memory without a warning; numpy copies into ours.
-        np.copyto(out.numpy(), np.moveaxis(image, -1, 0))
-        return out
-    out.copy_(torch.from_numpy(image).permute(2, 0, 1))
-    return out
+    return torch.from_numpy(image).permute(2, 0, 1)
 
 
 def resize(
     image: np.ndarray, height: int, width: int, resample: Resample, backend: Backend
 ) -> torch.Tensor:
-    """Resize an ``H x W x 3`` uint8 image; returns a contiguous uint8 ``C x H x W`` tensor."""
+    """Resize an ``H x W x 3`` uint8 image to a uint8 ``C x H x W`` tensor.
+
+    The result may have channels-last strides: the resample kernels and ``patchify`` read any
+    strides, and skipping the channels-first copy keeps the values identical.
+    """
     h, w = image.shape[:2]
     if backend is Backend.PIL:
         if (h, w) != (height, width):
             pil = PIL.Image.fromarray(image).resize((width, height), resample=int(resample))
             image = np.array(pil)
-        return _chw(image)
-    chw = _chw(image)
+        return _chw_view(image)
+    chw = _chw_view(image)
     if (h, w) == (height, width):
         return chw
     mode = _TORCH_MODES.get(resample)
