@@ -13,6 +13,7 @@ times), grouped by ``merge_size**2`` windows. Each ``<|image_pad|>`` becomes
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -64,6 +65,11 @@ def smart_resize(
     return h_bar, w_bar
 
 
+@functools.lru_cache(maxsize=64)
+def _norm_module(params: NormalizationParams) -> Any:
+    return params.module()
+
+
 @dataclass(frozen=True)
 class _TransformParams:
     min_pixels: int
@@ -93,6 +99,7 @@ class QwenVLProcessor(BaseMultiModalProcessor):
     )
     has_native: ClassVar[bool] = True
     supports_device_resize: ClassVar[bool] = True
+    supports_prenormalize: ClassVar[bool] = True
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
@@ -181,6 +188,13 @@ class QwenVLProcessor(BaseMultiModalProcessor):
             chw = resize(rgb, height, width, params.resample, self.backend)
         if not self.device_normalize:
             chw = self._cpu_normalize(chw, params)
+        elif self.prenormalize_dtype is not None:
+            norm = NormalizationParams(
+                params.rescale_factor, params.image_mean, params.image_std, ChannelLayout.NCHW
+            )
+            chw = _norm_module(norm).forward_native(
+                chw, self.prenormalize_dtype, layout=norm.layout
+            )
         rows = patchify(
             chw,
             patch_size=params.patch_size,

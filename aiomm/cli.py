@@ -66,12 +66,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--samples", type=int, default=24, help="sample images without sources")
     run.add_argument("--allowed-root", type=Path, help="local files allowed under this folder")
     run.add_argument("--no-progress", action="store_true")
+    sub.add_parser(
+        "bench", add_help=False, help="streaming benchmark (bench/stream_bench.py; --help)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aiomm`` command."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return _bench(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     configure_logging(level="WARNING")
     with tempfile.TemporaryDirectory(prefix="aiomm-run-") as tmp:
         sources = _expand_sources(args.sources)
@@ -88,6 +96,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             root = Path(Path.cwd().anchor)
         output = args.output or Path(tempfile.gettempdir()) / "aiomm-run-results.jsonl"
         return anyio.run(_run, args, sources, root, output, backend_options=_backend())
+
+
+def _bench(argv: list[str]) -> int:
+    """Run bench/stream_bench.py: it lives in the source checkout, not in the package."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "stream_bench.py"
+    if not path.is_file():
+        print(f"aiomm bench needs a source checkout (an editable install): {path} not found")
+        return 2
+    spec = importlib.util.spec_from_file_location("aiomm_stream_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return int(module.main(argv))
 
 
 def _backend() -> dict[str, object]:

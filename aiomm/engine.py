@@ -121,12 +121,13 @@ class Engine:
             buffer_bytes=cfg.device_staging_buffer_bytes,
             max_buffer_bytes=cfg.device_staging_max_buffer_bytes,
         )
-        self.processor = self._with_device_resize(processor)
+        self.processor = self._with_cpu_prenormalize(self._with_device_resize(processor))
         self.adapter_id = adapter_id or type(processor).__name__
         resize_on = "device-resize" if self.processor.resize_device is not None else "cpu-resize"
+        prenorm = self.processor.prenormalize_dtype
         self._fingerprint = (
             f"{self.adapter_id}:{getattr(processor, 'backend', None)}:{processor.transform}"
-            f":{resize_on}"
+            f":{resize_on}:prenorm={prenorm}"
         )
         self._normalize_mode = "device" if processor.device_normalize else "cpu"
         self._tg: anyio.abc.TaskGroup | None = None
@@ -144,6 +145,25 @@ class Engine:
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
 
     # ------------------------------------------------------------------ construction
+
+    def _with_cpu_prenormalize(self, processor: BaseMultiModalProcessor) -> BaseMultiModalProcessor:
+        """On a CPU device, normalise inside the transform, before patchify.
+
+        The "device" is the CPU itself there, so nothing is gained by carrying uint8 to it;
+        normalising the resized image (before Qwen's temporal duplication) halves the work, and
+        cached items are model-ready, so cache hits skip normalisation entirely.
+        """
+        if not (
+            self.device.device.type == "cpu"
+            and processor.supports_prenormalize
+            and processor.transform == "native"
+            and processor.device_normalize
+            and processor.resize_device is None
+        ):
+            return processor
+        processor = copy.copy(processor)
+        processor.prenormalize_dtype = self.device.dtype
+        return processor
 
     def _with_device_resize(self, processor: BaseMultiModalProcessor) -> BaseMultiModalProcessor:
         """The processor, resizing on the engine's device when ``mm_device_resize`` says so.
@@ -386,10 +406,10 @@ class Engine:
         t = time.perf_counter()
         merged = processed.merged_kwargs()
         if "pixel_values" in merged:
+            # prenormalised items are already model-ready: the device stage only places them
+            params = None if self.processor.prenormalize_dtype else processed.normalization
             async with self._device_limiter:
-                merged["pixel_values"] = await self.device.run(
-                    merged["pixel_values"], processed.normalization
-                )
+                merged["pixel_values"] = await self.device.run(merged["pixel_values"], params)
         timings["device"] = time.perf_counter() - t
         self._counters.images += n
         return Result(

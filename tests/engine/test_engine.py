@@ -435,3 +435,22 @@ async def test_device_resize_refused_for_the_classic_path(make_processor) -> Non
         Engine(processor, EngineConfig(device="cpu", mm_device_resize=True))
     # the default (None) keeps the CPU path off CUDA
     assert Engine(make_processor(), EngineConfig(device="cpu")).processor.resize_device is None
+
+
+async def test_cpu_engine_normalises_before_patchify_with_identical_values(make_processor) -> None:
+    """On a CPU device the Qwen transform normalises the resized image (before the temporal
+    duplication of patchify) and caches model-ready items; values equal normalising after."""
+    imgs = [encode(image(100 + i, 200 + 30 * i, 260), "PNG") for i in range(3)]
+    engine = Engine(make_processor(), EngineConfig(device="cpu", visual_dtype="float16"))
+    assert engine.processor.prenormalize_dtype == torch.float16
+    async with engine:
+        result = await engine.process(Request(prompt=prompt(3), images=imgs))
+        again = await engine.process(Request(prompt=prompt(3), images=imgs))
+    decoded = [PIL.Image.open(io.BytesIO(b)).convert("RGB") for b in imgs]
+    _, _, expected_pv = expected(make_processor(), prompt(3), decoded, dtype=torch.float16)
+    assert result.pixel_values.dtype == torch.float16
+    assert torch.equal(result.pixel_values, expected_pv)
+    assert again.cache == [CacheOutcome.HIT] * 3 and torch.equal(again.pixel_values, expected_pv)
+    # off the CPU path (device resize), items stay uint8 for the device stage
+    resized = Engine(make_processor(), EngineConfig(device="cpu", mm_device_resize=True))
+    assert resized.processor.prenormalize_dtype is None

@@ -1,0 +1,158 @@
+"""vLLM's own Qwen2-VL processing path on the benchmark's workload; runs inside a vLLM venv.
+
+``stream_bench.py --vllm-python PATH`` starts ``PATH bench/_vllm_worker.py JOB.json RESULT.json``.
+The worker reads the same workload files and serves them as vLLM 0.33's API server does in one
+process: each image decoded with Pillow in a media thread pool (``VLLM_MEDIA_LOADING_THREAD_COUNT``
+workers, 8 by default), then the prompt tokenized and ``BaseMultiModalProcessor.apply`` run with
+the processor cache on the event loop, inside ``set_default_torch_num_threads()`` (as
+``vllm/renderers/base.py::_process_multimodal`` does). Its closed and open loops are those of
+``stream_bench.py`` (standard library only), so both sides are measured the same way; it writes
+the timings as JSON.
+
+Only vllm's public processor API is called (as ``../shared/vllm_probe`` does); this file imports
+nothing but vllm, the standard library, Pillow, numpy and ``stream_bench``'s load generator.
+The model folder (a weight-less Qwen2-VL config with aiomm's offline reference processor and
+tokenizer) is written by ``stream_bench.py``, so both run the same transform parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+# Offline, CPU only, quiet: set before vllm is imported.
+for _key, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stream_bench as sb  # noqa: E402  (standard library only at import time)
+
+
+def _sha(tensor: Any) -> str:
+    return hashlib.sha256(tensor.contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    from PIL import Image
+    from vllm import __version__ as vllm_version
+    from vllm.config import ModelConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.cache import LruKeyReplicatedSenderCache, MultiModalProcessorOnlyCache
+    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+    from vllm.utils.torch_utils import set_default_torch_num_threads
+
+    wl = sb.load_workload(Path(job["workload"]))
+    folder = job["model_dir"]
+    config = ModelConfig(
+        model=folder,
+        tokenizer=folder,
+        dtype="bfloat16",
+        max_model_len=32768,
+        mm_processor_cache_gb=4.0,
+    )
+    with set_default_torch_num_threads():
+        processor = MULTIMODAL_REGISTRY.create_processor(config)
+    tokenizer = processor.info.get_tokenizer()
+    cache_cls = {
+        "lru": LruKeyReplicatedSenderCache,
+        "processor_only": MultiModalProcessorOnlyCache,
+    }.get(job["vllm_cache"])
+    pool = ThreadPoolExecutor(job["media_threads"], thread_name_prefix="media")
+
+    def decode(data: bytes) -> Any:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        return image.convert("RGB")
+
+    def apply(prompt: str, images: list[Any], cache: Any) -> Any:
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        with set_default_torch_num_threads():
+            items = processor.info.parse_mm_data({"image": images})
+            inputs = ProcessorInputs(ids, items, None, hf_processor_mm_kwargs={}, cache=cache)
+            return processor.apply(inputs, TimingContext())
+
+    class Server(sb.TaskServer):
+        def __init__(self) -> None:
+            self.cache = cache_cls(config) if cache_cls is not None else None
+            super().__init__(lambda index: sb.arrive(wl, index), self.handle)
+
+        async def handle(self, req: sb.WorkRequest) -> sb.Done:
+            loop = asyncio.get_running_loop()
+            images = await asyncio.gather(
+                *(loop.run_in_executor(pool, decode, data) for data in req.images)
+            )
+            apply(req.prompt, list(images), self.cache)  # on the event loop, as vLLM does
+            return sb.Done(time.perf_counter(), images=len(images))
+
+        def extra(self, meter: sb.Meter) -> dict[str, Any]:
+            if self.cache is None:
+                return {}
+            stats = self.cache.make_stats()
+            return {"cache_hits": int(stats.hits), "cache_lookups": int(stats.total)}
+
+    ramp = np.linspace(0, 255, 96 * 128 * 3).reshape(96, 128, 3).astype(np.uint8)
+    warm = sb.prompt_for(1, "describe")
+    apply(warm, [Image.fromarray(ramp)], None)
+
+    out = sb.drive(job, Server, len(wl.requests))
+    # set_default_torch_num_threads(): $OMP_NUM_THREADS, else 1
+    out["settings"] = {
+        "vllm": vllm_version,
+        "cache": job["vllm_cache"],
+        "media_threads": job["media_threads"],
+        "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "1")),
+    }
+    rows = []
+    for i in job["exact_requests"]:
+        req = wl.requests[i]
+        result = apply(req.prompt, [decode(wl.data[k]) for k in req.images], None)
+        items = result["mm_kwargs"]["image"]
+        rows.append(
+            {
+                "request": i,
+                "image_sha": [_sha(item["pixel_values"].data) for item in items],
+                "dtype": str(items[0]["pixel_values"].data.dtype) if items else None,
+                "prompt_token_ids_sha": sb.ids_sha(result["prompt_token_ids"]),
+                "placeholders": [r.length for r in result["mm_placeholders"]["image"]],
+            }
+        )
+    out["exact"] = rows
+    pool.shutdown()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    job_path, result_path = argv
+    job = json.loads(Path(job_path).read_text())
+    try:
+        result = run(job)
+    except Exception as exc:
+        result = {
+            "status": "failed",
+            "reason": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-4000:],
+        }
+    Path(result_path).write_text(json.dumps(sb._clean(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
