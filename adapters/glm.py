@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from aiomm.adapters.offline import build_tokenizer
+from aiomm.adapters.qwen_vl import grid_fields_config, grid_outputs
 from aiomm.adapters.registry import AdapterInfo, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
@@ -312,29 +313,14 @@ class GlmVMultiModalProcessor(BaseMultiModalProcessor):
 
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
         params = self._resolve_params(hf_kwargs)
-        rows, grids = [], []
-        for image in hf_data.get("images", []):
-            r, g = self.transform_image(image, params)
-            rows.append(r)
-            grids.append(g)
-        if not rows:
-            return {}
-        return {
-            "pixel_values": rows[0] if len(rows) == 1 else torch.cat(rows),
-            "image_grid_thw": torch.tensor(grids, dtype=torch.long),
-        }
+        return grid_outputs([self.transform_image(i, params) for i in hf_data.get("images", [])])
 
     # fields, updates, normalisation ---------------------------------------------------------
 
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
     ) -> dict[str, MultiModalFieldConfig]:
-        grid = outputs.get("image_grid_thw")
-        sizes = grid.prod(-1) if grid is not None else []
-        return {
-            "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", sizes),
-            "image_grid_thw": MultiModalFieldConfig.batched("image"),
-        }
+        return grid_fields_config(outputs)
 
     def num_image_tokens(self, item: MultiModalKwargsItem) -> int:
         # As Glm4vProcessor.replace_image_token: the processor's merge_size, not the kwarg.

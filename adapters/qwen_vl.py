@@ -32,7 +32,7 @@ from aiomm.processing.image_ops import Backend, Resample, patchify, resize, to_r
 from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
-__all__ = ("QwenVLProcessor", "smart_resize")
+__all__ = ("QwenVLProcessor", "grid_fields_config", "grid_outputs", "smart_resize")
 
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -68,6 +68,27 @@ def smart_resize(
 @functools.lru_cache(maxsize=64)
 def _norm_module(params: NormalizationParams) -> Any:
     return params.module()
+
+
+def grid_outputs(transformed: list[tuple[torch.Tensor, list[int]]]) -> dict[str, Any]:
+    """Per-image (rows, grid) pairs -> ``pixel_values`` rows and ``image_grid_thw``."""
+    if not transformed:
+        return {}
+    rows = [r for r, _ in transformed]
+    return {
+        "pixel_values": rows[0] if len(rows) == 1 else torch.cat(rows),
+        "image_grid_thw": torch.tensor([g for _, g in transformed], dtype=torch.long),
+    }
+
+
+def grid_fields_config(outputs: Mapping[str, Any]) -> dict[str, MultiModalFieldConfig]:
+    """Items of grid-patch processors: ``prod(grid_thw)`` rows each, one grid each."""
+    grid = outputs.get("image_grid_thw")
+    sizes = grid.prod(-1) if grid is not None else []
+    return {
+        "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", sizes),
+        "image_grid_thw": MultiModalFieldConfig.batched("image"),
+    }
 
 
 @dataclass(frozen=True)
@@ -224,29 +245,14 @@ class QwenVLProcessor(BaseMultiModalProcessor):
 
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
         params = self._resolve_params(hf_kwargs)
-        rows, grids = [], []
-        for image in hf_data.get("images", []):
-            r, g = self.transform_image(image, params)
-            rows.append(r)
-            grids.append(g)
-        if not rows:
-            return {}
-        return {
-            "pixel_values": rows[0] if len(rows) == 1 else torch.cat(rows),
-            "image_grid_thw": torch.tensor(grids, dtype=torch.long),
-        }
+        return grid_outputs([self.transform_image(i, params) for i in hf_data.get("images", [])])
 
     # fields, updates, normalisation ---------------------------------------------------------
 
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
     ) -> dict[str, MultiModalFieldConfig]:
-        grid = outputs.get("image_grid_thw")
-        sizes = grid.prod(-1) if grid is not None else []
-        return {
-            "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", sizes),
-            "image_grid_thw": MultiModalFieldConfig.batched("image"),
-        }
+        return grid_fields_config(outputs)
 
     def num_image_tokens(self, item: MultiModalKwargsItem, hf_kwargs: Mapping[str, Any]) -> int:
         merge = int(hf_kwargs.get("merge_size", self.image_processor.merge_size))
