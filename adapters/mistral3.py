@@ -37,7 +37,7 @@ from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
+from aiomm.processing.image_ops import Backend, Resample, hf_backend_normalize, resize, to_rgb_array
 from aiomm.processing.processor import (
     BaseMultiModalProcessor,
     NormalizationParams,
@@ -209,19 +209,10 @@ class Mistral3MultiModalProcessor(BaseMultiModalProcessor):
         )
 
     def _cpu_normalize(self, chw: torch.Tensor, params: _TransformParams) -> torch.Tensor:
-        # The classic path: normalise exactly as the HF backend does, with its own operations.
-        ip = self.image_processor
-        if self.backend is Backend.TORCHVISION:
-            return ip.rescale_and_normalize(
-                chw.unsqueeze(0), True, params.rescale_factor, True,
-                params.image_mean, params.image_std,  # tuples: HF caches on these
-            )[0]  # fmt: skip
-        array = ip.normalize(
-            ip.rescale(chw.numpy(), params.rescale_factor),
-            list(params.image_mean),
-            list(params.image_std),
-        )
-        return torch.from_numpy(np.asarray(array, dtype=np.float32))
+        return hf_backend_normalize(
+            self.image_processor, self.backend, chw,
+            params.rescale_factor, params.image_mean, params.image_std,
+        )  # fmt: skip
 
     def transform_image(self, image: Any, params: _TransformParams) -> torch.Tensor:
         """One image -> its ``[C, h, w]`` pixels (uint8, or normalised on the classic path)."""

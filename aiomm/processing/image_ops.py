@@ -13,6 +13,7 @@ image-processor backend performs, so the results are equal bit for bit:
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import numpy as np
 import PIL.Image
@@ -21,7 +22,14 @@ import torch.nn.functional as F
 
 from aiomm.errors import ProcessingError
 
-__all__ = ("Backend", "Resample", "patchify", "resize", "to_rgb_array")
+__all__ = (
+    "Backend",
+    "Resample",
+    "hf_backend_normalize",
+    "patchify",
+    "resize",
+    "to_rgb_array",
+)
 
 
 class Backend(enum.Enum):
@@ -122,6 +130,27 @@ def resize(
         antialias=antialias,
     )
     return out[0]
+
+
+def hf_backend_normalize(
+    image_processor: Any,
+    backend: Backend,
+    chw: torch.Tensor,
+    rescale_factor: float,
+    image_mean: tuple[float, ...],
+    image_std: tuple[float, ...],
+) -> torch.Tensor:
+    """The classic CPU path: rescale + normalise a uint8 ``C x H x W`` image into float32 with
+    the HF backend's own operations, so the result equals the HF processor's bit for bit."""
+    if backend is Backend.TORCHVISION:
+        # tuples: the backend caches its fused mean/std on these arguments
+        return image_processor.rescale_and_normalize(
+            chw.unsqueeze(0), True, rescale_factor, True, tuple(image_mean), tuple(image_std)
+        )[0]
+    array = image_processor.normalize(
+        image_processor.rescale(chw.numpy(), rescale_factor), list(image_mean), list(image_std)
+    )
+    return torch.from_numpy(np.asarray(array, dtype=np.float32))
 
 
 def patchify(
