@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from aiomm.adapters._params import as_floats
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import AdapterInfo, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
@@ -95,12 +96,6 @@ class _TransformParams:
     rescale_factor: float
     image_mean: tuple[float, ...]
     image_std: tuple[float, ...]
-
-
-def _floats(values: Any) -> tuple[float, ...]:
-    if isinstance(values, (int, float)):
-        return (float(values),) * 3
-    return tuple(float(v) for v in values)
 
 
 def _resize(
@@ -176,8 +171,8 @@ class ChameleonMultiModalProcessor(BaseMultiModalProcessor):
             do_center_crop=bool(get("do_center_crop", ip.do_center_crop)),
             do_convert_rgb=bool(get("do_convert_rgb", ip.do_convert_rgb)),
             rescale_factor=float(get("rescale_factor", ip.rescale_factor)),
-            image_mean=_floats(get("image_mean", ip.image_mean)),
-            image_std=_floats(get("image_std", ip.image_std)),
+            image_mean=as_floats(get("image_mean", ip.image_mean)),
+            image_std=as_floats(get("image_std", ip.image_std)),
         )
 
     # the transform --------------------------------------------------------------------------

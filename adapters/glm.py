@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from aiomm.adapters._params import as_floats, size_edges
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.qwen_vl import grid_fields_config, grid_outputs
 from aiomm.adapters.registry import AdapterInfo, register
@@ -185,17 +186,6 @@ class _TransformParams:
     patch_expand_factor: int = 1
 
 
-def _floats(values: Any) -> tuple[float, ...]:
-    if isinstance(values, (int, float)):
-        return (float(values),) * 3
-    return tuple(float(v) for v in values)
-
-
-def _size_edges(size: Any) -> tuple[int | None, int | None]:
-    get = size.get if isinstance(size, Mapping) else lambda k, d=None: getattr(size, k, d)
-    return get("shortest_edge", None), get("longest_edge", None)
-
-
 class GlmVMultiModalProcessor(BaseMultiModalProcessor):
     """Processor of GLM-4V (``Glm4vProcessor``) and GLM-OCR (``Glm46VProcessor``), images."""
 
@@ -223,7 +213,7 @@ class GlmVMultiModalProcessor(BaseMultiModalProcessor):
         return super().allowed_hf_kwargs() & (_COMMON_KWARGS | self.extra_kwargs)
 
     def _bounds(self, hf_kwargs: Mapping[str, Any]) -> tuple[int, int]:
-        shortest, longest = _size_edges(hf_kwargs.get("size", self.image_processor.size))
+        shortest, longest = size_edges(hf_kwargs.get("size", self.image_processor.size))
         if not shortest or not longest:
             raise ProcessorKwargsError(
                 "GLM-V needs size={'shortest_edge': min_pixels, 'longest_edge': max_pixels}"
@@ -242,8 +232,8 @@ class GlmVMultiModalProcessor(BaseMultiModalProcessor):
             do_resize=bool(get("do_resize", ip.do_resize)),
             do_convert_rgb=bool(get("do_convert_rgb", ip.do_convert_rgb)),
             rescale_factor=float(get("rescale_factor", ip.rescale_factor)),
-            image_mean=_floats(get("image_mean", ip.image_mean)),
-            image_std=_floats(get("image_std", ip.image_std)),
+            image_mean=as_floats(get("image_mean", ip.image_mean)),
+            image_std=as_floats(get("image_std", ip.image_std)),
             min_bound=min_bound,
             max_bound=max_bound,
             patch_expand_factor=int(

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from aiomm.adapters._params import as_floats
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import AdapterInfo, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
@@ -135,12 +136,6 @@ class _TransformParams:
     image_std: tuple[float, ...]
 
 
-def _floats(values: Any) -> tuple[float, ...]:
-    if isinstance(values, (int, float)):
-        return (float(values),) * 3
-    return tuple(float(v) for v in values)
-
-
 class Mistral3MultiModalProcessor(BaseMultiModalProcessor):
     """Processor of Mistral 3 (``PixtralProcessor``), images."""
 
@@ -191,8 +186,8 @@ class Mistral3MultiModalProcessor(BaseMultiModalProcessor):
             do_resize=bool(get("do_resize", ip.do_resize)),
             do_convert_rgb=bool(get("do_convert_rgb", ip.do_convert_rgb)),
             rescale_factor=float(get("rescale_factor", ip.rescale_factor)),
-            image_mean=_floats(get("image_mean", ip.image_mean)),
-            image_std=_floats(get("image_std", ip.image_std)),
+            image_mean=as_floats(get("image_mean", ip.image_mean)),
+            image_std=as_floats(get("image_std", ip.image_std)),
         )
 
     # the transform --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from aiomm.adapters._params import as_floats, size_edges
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import AdapterInfo, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
@@ -113,11 +114,6 @@ class _TransformParams:
     image_std: tuple[float, ...]
 
 
-def _size_edges(size: Any) -> tuple[int | None, int | None]:
-    get = size.get if isinstance(size, Mapping) else lambda k, d=None: getattr(size, k, d)
-    return get("shortest_edge", None), get("longest_edge", None)
-
-
 class QwenVLProcessor(BaseMultiModalProcessor):
     """Processor of every Qwen-VL family architecture (images)."""
 
@@ -143,7 +139,7 @@ class QwenVLProcessor(BaseMultiModalProcessor):
 
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
         ip = self.image_processor
-        shortest, longest = _size_edges(hf_kwargs.get("size", ip.size))
+        shortest, longest = size_edges(hf_kwargs.get("size", ip.size))
         shortest = hf_kwargs.get("min_pixels", shortest)
         longest = hf_kwargs.get("max_pixels", longest)
         if not shortest or not longest:
@@ -160,8 +156,8 @@ class QwenVLProcessor(BaseMultiModalProcessor):
             do_resize=bool(hf_kwargs.get("do_resize", ip.do_resize)),
             do_convert_rgb=bool(hf_kwargs.get("do_convert_rgb", ip.do_convert_rgb)),
             rescale_factor=float(hf_kwargs.get("rescale_factor", ip.rescale_factor)),
-            image_mean=tuple(float(v) for v in hf_kwargs.get("image_mean", ip.image_mean)),
-            image_std=tuple(float(v) for v in hf_kwargs.get("image_std", ip.image_std)),
+            image_mean=as_floats(hf_kwargs.get("image_mean", ip.image_mean)),
+            image_std=as_floats(hf_kwargs.get("image_std", ip.image_std)),
         )
 
     def _get_hf_mm_inputs(
