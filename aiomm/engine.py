@@ -457,7 +457,10 @@ class Engine:
         raw: Any
         t = time.perf_counter()
         if _is_in_memory(source):
-            raw = source
+            # RGB conversion once, here: the hash and the transform both use this array.
+            raw = await anyio.to_thread.run_sync(
+                image_from_object, source, limiter=self._transform_limiter
+            )
         else:
             assert self._fetcher is not None
             async with self._fetch_limiter:
@@ -486,8 +489,9 @@ class Engine:
             if len(raw) >= self.config.hash_in_thread_bytes:
                 return await anyio.to_thread.run_sync(hash_bytes, raw)
             return hash_bytes(raw)
-        array = await anyio.to_thread.run_sync(image_from_object, raw)
-        return hash_pixels(array)
+        if raw.nbytes >= self.config.hash_in_thread_bytes:
+            return await anyio.to_thread.run_sync(hash_pixels, raw)
+        return hash_pixels(raw)
 
     async def _compute_item(
         self, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
@@ -501,14 +505,11 @@ class Engine:
 
             def load() -> np.ndarray:
                 return decode_image(data, max_pixels=max_pixels)
-        else:
-            array = np.asarray(raw) if isinstance(raw, np.ndarray) else None
-            height, width = (
-                (array.shape[0], array.shape[1]) if array is not None else (raw.height, raw.width)
-            )
+        else:  # already an RGB array (converted in _load_item)
+            height, width = raw.shape[0], raw.shape[1]
 
             def load() -> np.ndarray:
-                return image_from_object(raw)
+                return raw
 
         nbytes = int(width) * int(height) * 3
         await self._budget.acquire(nbytes)
