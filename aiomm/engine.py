@@ -269,9 +269,18 @@ class Engine:
         :raises AiommError: the typed error of the first item or stage that failed.
         :raises EngineClosedError: if the engine is not open.
         """
-        tg = self.task_group  # raises when closed
-        del tg
+        return await self._process_request(request.request_id or uuid.uuid4().hex[:12], request)
+
+    async def process_safe(self, request: Request) -> Result:
+        """Like :meth:`process`, but a failure becomes ``Result.error`` instead of raising."""
         rid = request.request_id or uuid.uuid4().hex[:12]
+        try:
+            return await self._process_request(rid, request)
+        except AiommError as exc:
+            return Result(request_id=rid, error=exc)
+
+    async def _process_request(self, rid: str, request: Request) -> Result:
+        self.task_group  # noqa: B018  (raises EngineClosedError when closed)
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         self._counters.started += 1
@@ -301,14 +310,6 @@ class Engine:
         log.debug("request_done", request_id=rid, timings_ms=_ms(timings),
                   cache=[c.value for c in result.cache])  # fmt: skip
         return result
-
-    async def process_safe(self, request: Request) -> Result:
-        """Like :meth:`process`, but a failure becomes ``Result.error`` instead of raising."""
-        try:
-            return await self.process(request)
-        except AiommError as exc:
-            rid = request.request_id or "?"
-            return Result(request_id=rid, error=exc)
 
     def stream(
         self,

@@ -106,10 +106,7 @@ class ResultStream:
         self, index: int, request: Request, send: anyio.abc.ObjectSendStream[tuple[int, Result]]
     ) -> None:
         async with send:
-            result = await self._engine.process_safe(request)
-            if result.request_id == "?" and request.request_id is None:
-                result.request_id = f"#{index}"
-            await send.send((index, result))
+            await send.send((index, await self._engine.process_safe(request)))
 
     async def __anext__(self) -> Result:
         if not self._started:
