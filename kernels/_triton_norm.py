@@ -42,6 +42,19 @@ def _channel_value(ptr, c, NUM_CHANNELS: tl.constexpr):
 
 
 @triton.jit
+def _round_to_bf16(y):
+    """fp32 -> bf16, round to nearest even, in integer arithmetic.
+
+    The Triton interpreter casts fp32 to bf16 by truncation, while GPUs round to nearest even;
+    rounding explicitly gives the same bits on both, so the interpreted CI tests check the
+    rounding the GPU runs. Four integer ops a value, free in this memory-bound kernel.
+    """
+    bits = y.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _fused_norm_kernel(
     x_ptr,
     out_ptr,
@@ -55,6 +68,7 @@ def _fused_norm_kernel(
     STRIDE_MODE: tl.constexpr,  # 0: stride 1; 1: stride < BLOCK (magic); 2: stride >= BLOCK
     HAS_SHIFT: tl.constexpr,
     INT64: tl.constexpr,
+    OUT_BF16: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -103,7 +117,10 @@ def _fused_norm_kernel(
         y = ((x - s_hi) - s_lo) * w
     else:
         y = tl.fma(x, w, b)
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if OUT_BF16:
+        tl.store(out_ptr + offs, _round_to_bf16(y), mask=mask)
+    else:
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch_config(n_elements: int) -> tuple[int, int]:
@@ -159,6 +176,7 @@ def _launch(
         STRIDE_MODE=mode,
         HAS_SHIFT=shift is not None,
         INT64=int64,
+        OUT_BF16=out.dtype == torch.bfloat16,
         BLOCK=block,
         num_warps=num_warps,
     )
