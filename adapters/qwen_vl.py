@@ -207,9 +207,7 @@ class QwenVLProcessor(BaseMultiModalProcessor):
             norm = NormalizationParams(
                 params.rescale_factor, params.image_mean, params.image_std, ChannelLayout.NCHW
             )
-            chw = _norm_module(norm).forward_native(
-                chw, self.prenormalize_dtype, layout=norm.layout
-            )
+            chw = _norm_module(norm).forward_table(chw, self.prenormalize_dtype, layout=norm.layout)
         rows = patchify(
             chw,
             patch_size=params.patch_size,

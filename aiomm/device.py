@@ -29,7 +29,7 @@ CUDA-specific. Inputs larger than one staging buffer may hold are copied from pa
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -173,28 +173,29 @@ class DeviceStage:
 
     async def run(
         self,
-        pixel_values: torch.Tensor,
+        pixel_values: torch.Tensor | Sequence[torch.Tensor],
         params: NormalizationParams | None,
         *,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Normalise (or, on the classic path, cast) ``pixel_values`` onto the device.
 
-        With ``out`` (contiguous, ``visual_dtype``, on the device, ``out.shape[1:] ==
-        pixel_values.shape[1:]`` and at least as many rows) only its leading rows are written and
-        that view is returned.
+        ``pixel_values`` is one CPU tensor or a sequence of parts to concatenate along dim 0 (a
+        request's per-item rows): the stage's one host copy concatenates them, so a batch is
+        never merged in a copy of its own. With ``out`` (contiguous, ``visual_dtype``, on the
+        device, ``out.shape[1:] == pixel_values.shape[1:]`` and at least as many rows) only its
+        leading rows are written and that view is returned.
 
-        :raises KernelInputError: ``pixel_values`` not on the CPU; and the kernel's errors
-            (``UnsupportedDtypeError``, ``LayoutError``, ``OutputBufferError``).
+        :raises KernelInputError: ``pixel_values`` not on the CPU, or parts that disagree in
+            dtype or trailing shape; and the kernel's errors (``UnsupportedDtypeError``,
+            ``LayoutError``, ``OutputBufferError``).
         """
-        x = pixel_values
-        if x.device.type != "cpu":
-            raise KernelInputError(f"pixel_values must be a CPU tensor, got one on {x.device}")
+        x = _Rows.of(pixel_values)
         if out is not None:
             _check_out(out, x, self.dtype, self.device)
         if self._cuda:
             await self._ensure_cuda()
-        if x.numel() == 0:
+        if x.numel == 0:
             await anyio.lowlevel.checkpoint()
             result = (
                 torch.empty(x.shape, dtype=self.dtype, device=self.device)
@@ -217,13 +218,13 @@ class DeviceStage:
     async def _staged(
         self,
         fn: Callable[..., _Done],
-        x: torch.Tensor,
+        x: _Rows,
         params: NormalizationParams | None,
         out: torch.Tensor | None,
         *args: Any,
     ) -> _Done:
         transfer = x.dtype if params is not None else self.dtype
-        nbytes = x.numel() * transfer.itemsize
+        nbytes = x.numel * transfer.itemsize
         if self.pool is None or not self.pool.fits(nbytes):
             return await anyio.to_thread.run_sync(fn, x, params, out, *args, None)
         async with self.pool.lease(nbytes) as buffer:
@@ -258,17 +259,20 @@ class DeviceStage:
     # ------------------------------------------------------------------ CPU (worker threads)
 
     def _cpu_sync(
-        self, x: torch.Tensor, params: NormalizationParams | None, out: torch.Tensor | None
+        self, x: _Rows, params: NormalizationParams | None, out: torch.Tensor | None
     ) -> _Done:
+        dst = _output(x, self.dtype, out)
         if params is None:
-            result = _cast_into(x, self.dtype, out, copy=True)
+            x.copy_into(dst)
         else:
-            result = self._module(params).forward_native(x, self.dtype, out, params.layout)
-        return _Done(result, 0, False, None, None)
+            module = self._module(params)
+            for part, rows in x.slices(dst):
+                module.forward_table(part, self.dtype, rows, params.layout)
+        return _Done(dst, 0, False, None, None)
 
     def _cpu_staged_sync(
         self,
-        x: torch.Tensor,
+        x: _Rows,
         params: NormalizationParams | None,
         out: torch.Tensor | None,
         buffer: PinnedBuffer | None,
@@ -277,13 +281,14 @@ class DeviceStage:
             return self._cpu_sync(x, params, out)
         transfer = x.dtype if params is not None else self.dtype
         staging = buffer.view(transfer, x.shape)
-        staging.copy_(x)
+        x.copy_into(staging)
+        # The staging buffer goes back to the pool: the result must not alias it.
+        dst = _output(x, self.dtype, out)
         if params is None:
-            # The staging buffer goes back to the pool: the result must not alias it.
-            result = _cast_into(staging, self.dtype, out, copy=True)
+            dst.copy_(staging)
         else:
-            result = self._module(params).forward_native(staging, self.dtype, out, params.layout)
-        return _Done(result, 0, False, None, None)
+            self._module(params).forward_table(staging, self.dtype, dst, params.layout)
+        return _Done(dst, 0, False, None, None)
 
     # ------------------------------------------------------------------ CUDA (worker threads)
 
@@ -302,7 +307,7 @@ class DeviceStage:
 
     def _cuda_sync(
         self,
-        x: torch.Tensor,
+        x: _Rows,
         params: NormalizationParams | None,
         out: torch.Tensor | None,
         consumer: torch.cuda.Stream,
@@ -331,9 +336,9 @@ class DeviceStage:
 
         if buffer is not None:
             src = buffer.view(transfer, x.shape)
-            src.copy_(x)  # host memcpy (a cast on the classic path) into pinned memory
+            x.copy_into(src)  # host memcpy (a cast on the classic path) into pinned memory
         else:
-            src = x.to(transfer)
+            src = x.cat(transfer)
         pinned = buffer is not None and src.is_pinned()
         copy_start, copy_done = event(), event()
         dev_in: torch.Tensor | None = None
@@ -379,9 +384,7 @@ class DeviceStage:
         return _Done(dst, src.nbytes, not pinned, copy_ms, kernel_ms)
 
 
-def _check_out(
-    out: torch.Tensor, x: torch.Tensor, dtype: torch.dtype, device: torch.device
-) -> None:
+def _check_out(out: torch.Tensor, x: _Rows, dtype: torch.dtype, device: torch.device) -> None:
     """:raises OutputBufferError: ``out`` cannot take ``x``'s rows in ``dtype`` on ``device``."""
     if out.dtype != dtype:
         raise OutputBufferError(f"out has dtype {out.dtype}, visual_dtype is {dtype}")
@@ -389,7 +392,7 @@ def _check_out(
         device.index is not None and out.device.index != device.index
     ):
         raise OutputBufferError(f"out is on {out.device}, the device stage runs on {device}")
-    if x.dim() == 0 or out.dim() != x.dim() or out.shape[1:] != x.shape[1:]:
+    if len(x.shape) == 0 or out.dim() != len(x.shape) or out.shape[1:] != x.shape[1:]:
         raise OutputBufferError(
             f"out has shape {list(out.shape)}; it must be [>= rows, *{list(x.shape[1:])}] "
             f"for pixel_values of shape {list(x.shape)}"
@@ -400,11 +403,64 @@ def _check_out(
         raise OutputBufferError("out must be contiguous")
 
 
-def _cast_into(
-    x: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None, *, copy: bool
-) -> torch.Tensor:
-    if out is not None:
-        dst = out[: x.shape[0]]
-        dst.copy_(x)
+def _output(x: _Rows, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=dtype) if out is None else out[: x.shape[0]]
+
+
+class _Rows:
+    """A run's input: one tensor or parts concatenated along dim 0, copied part by part."""
+
+    __slots__ = ("dtype", "numel", "parts", "shape")
+
+    def __init__(self, parts: list[torch.Tensor]) -> None:
+        self.parts = parts
+        first = parts[0]
+        self.dtype: torch.dtype = first.dtype
+        self.shape = (
+            first.shape
+            if len(parts) == 1
+            else torch.Size((sum(p.shape[0] for p in parts), *first.shape[1:]))
+        )
+        self.numel: int = self.shape.numel()
+
+    @classmethod
+    def of(cls, pixel_values: torch.Tensor | Sequence[torch.Tensor]) -> _Rows:
+        """:raises KernelInputError: not CPU tensors, or parts that cannot be concatenated."""
+        parts = [pixel_values] if isinstance(pixel_values, torch.Tensor) else list(pixel_values)
+        if not parts or not all(isinstance(p, torch.Tensor) for p in parts):
+            raise KernelInputError("pixel_values must be a tensor or a non-empty list of tensors")
+        for p in parts:
+            if p.device.type != "cpu":
+                raise KernelInputError(f"pixel_values must be a CPU tensor, got one on {p.device}")
+        first = parts[0]
+        for p in parts[1:]:
+            if p.dim() == 0 or p.dtype != first.dtype or p.shape[1:] != first.shape[1:]:
+                raise KernelInputError(
+                    f"pixel_values parts disagree: {first.dtype} {list(first.shape)} and "
+                    f"{p.dtype} {list(p.shape)} cannot be concatenated along dim 0"
+                )
+        if len(parts) > 1 and first.dim() == 0:
+            raise KernelInputError("pixel_values parts must have at least one dimension")
+        return cls(parts)
+
+    def slices(self, dst: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each part with the rows of ``dst`` it fills."""
+        out, start = [], 0
+        for p in self.parts:
+            n = p.shape[0] if p.dim() else 1
+            out.append((p, dst[start : start + n] if p.dim() else dst))
+            start += n
+        return out
+
+    def copy_into(self, dst: torch.Tensor) -> None:
+        """Copy (casting to ``dst``'s dtype) every part into its rows of ``dst``."""
+        for part, rows in self.slices(dst):
+            rows.copy_(part)
+
+    def cat(self, dtype: torch.dtype) -> torch.Tensor:
+        """The concatenation in ``dtype`` (a single part of that dtype: itself)."""
+        if len(self.parts) == 1 and self.dtype == dtype:
+            return self.parts[0]
+        dst = torch.empty(self.shape, dtype=dtype)
+        self.copy_into(dst)
         return dst
-    return x.to(dtype, memory_format=torch.contiguous_format, copy=copy)

@@ -45,7 +45,7 @@ from aiomm.errors import AiommError, EngineClosedError, ProcessingError
 from aiomm.fetch import MediaFetcher
 from aiomm.hashing import hash_bytes, hash_pixels, item_cache_key
 from aiomm.item_cache import CacheOutcome, ItemCache
-from aiomm.processing.fields import MultiModalKwargsItem
+from aiomm.processing.fields import MultiModalKwargsItem, concat_parts, merge_items
 from aiomm.processing.processor import BaseMultiModalProcessor
 from aiomm.stats import LatencyStats, StageRecorder
 from aiomm.stream import ResultStream
@@ -405,12 +405,16 @@ class Engine:
         timings["assemble"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        merged = processed.merged_kwargs()
-        if "pixel_values" in merged:
+        all_items = [item for group in processed.mm_kwargs.values() for item in group]
+        # The device stage's one host copy merges the pixel rows: no batch copy on the event loop.
+        parts = concat_parts(all_items, "pixel_values")
+        merged = merge_items(all_items, skip=("pixel_values",) if parts is not None else ())
+        pixels = parts if parts is not None else merged.get("pixel_values")
+        if pixels is not None:
             # prenormalised items are already model-ready: the device stage only places them
             params = None if self.processor.prenormalize_dtype else processed.normalization
             async with self._device_limiter:
-                merged["pixel_values"] = await self.device.run(merged["pixel_values"], params)
+                merged["pixel_values"] = await self.device.run(pixels, params)
         timings["device"] = time.perf_counter() - t
         self._counters.images += n
         return Result(

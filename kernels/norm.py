@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -196,6 +197,7 @@ class FusedMMInputNorm(nn.Module):
         self.register_buffer("weight", torch.tensor(weight, dtype=torch.float32), False)
         self.register_buffer("bias", torch.tensor(bias, dtype=torch.float32), False)
         self.register_buffer("shift", torch.stack([shift_hi, shift_lo]), False)
+        self._tables: dict[torch.dtype, Any] = {}
 
     @property
     def num_channels(self) -> int:
@@ -246,6 +248,33 @@ class FusedMMInputNorm(nn.Module):
             layout=layout,
             shift=self.shift,
         )
+
+    def forward_table(
+        self,
+        x: torch.Tensor,
+        visual_dtype: torch.dtype,
+        out: torch.Tensor | None = None,
+        layout: ChannelLayout | str = ChannelLayout.NCHW,
+    ) -> torch.Tensor:
+        """The CPU fast path: uint8 ``x`` through a 256-entry table per channel.
+
+        Arguments, result and errors are those of :meth:`forward_native`, and so are the bits
+        of the result; inputs that are not uint8 CPU tensors run :meth:`forward_native` itself.
+        The lookups release the GIL, so worker threads normalise in parallel.
+        """
+        if x.dtype != torch.uint8 or x.device.type != "cpu" or x.requires_grad:
+            return self.forward_native(x, visual_dtype, out, layout)
+        from .table_norm import normalization_table, normalize_uint8_by_table
+
+        layout = ChannelLayout.parse(layout)
+        tables = {"weight": (self.weight, (self.num_channels,))}
+        check_call(x, self.weight, visual_dtype, out, layout, tables)
+        table = self._tables.get(visual_dtype)
+        if table is None:
+            # a race builds the same table twice; both are correct
+            table = self._tables[visual_dtype] = normalization_table(self, visual_dtype)
+        dst = torch.empty(x.shape, dtype=visual_dtype) if out is None else out[: x.shape[0]]
+        return normalize_uint8_by_table(table, x, visual_dtype, dst, layout)
 
     def forward_native(
         self,

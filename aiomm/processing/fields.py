@@ -9,7 +9,7 @@ how the original batch was formed or padded.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ __all__ = (
     "FieldKind",
     "MultiModalFieldConfig",
     "MultiModalKwargsItem",
+    "concat_parts",
     "merge_items",
     "split_items",
 )
@@ -95,6 +96,25 @@ class MultiModalFieldConfig:
             return list(values)
         return [x for v in values for x in v]
 
+    def concat_parts(self, values: Sequence[Any]) -> list[torch.Tensor] | None:
+        """Tensors whose concatenation along dim 0 is ``merge(values)``, or None when the merge
+        is not a concatenation of tensors (shared or non-tensor values).
+
+        A consumer that copies the batch anyway (the device stage) merges in that one copy.
+
+        :raises ProcessingError: batched values of different shapes (they cannot be stacked).
+        """
+        if self.kind is FieldKind.SHARED or not values:
+            return None
+        if not all(isinstance(v, torch.Tensor) for v in values):
+            return None
+        if self.kind is FieldKind.BATCHED:
+            shapes = {tuple(v.shape) for v in values}
+            if len(shapes) > 1:
+                raise ProcessingError(f"batched values of different shapes: {sorted(shapes)}")
+            return [v.unsqueeze(0) for v in values]
+        return list(values)
+
 
 @dataclass
 class MultiModalKwargsItem:
@@ -139,12 +159,28 @@ def split_items(
     return result
 
 
-def merge_items(items: Sequence[MultiModalKwargsItem]) -> dict[str, Any]:
-    """Merge items (of one or several modalities, in order) into model-ready batched kwargs."""
+def merge_items(
+    items: Sequence[MultiModalKwargsItem], *, skip: Collection[str] = ()
+) -> dict[str, Any]:
+    """Merge items (of one or several modalities, in order) into model-ready batched kwargs,
+    leaving out the keys in ``skip``."""
     by_key: dict[str, list[Any]] = {}
     configs: dict[str, MultiModalFieldConfig] = {}
     for item in items:
         for key, value in item.data.items():
+            if key in skip:
+                continue
             by_key.setdefault(key, []).append(value)
             configs.setdefault(key, item.fields[key])
     return {key: configs[key].merge(values) for key, values in by_key.items()}
+
+
+def concat_parts(items: Sequence[MultiModalKwargsItem], key: str) -> list[torch.Tensor] | None:
+    """``key``'s per-item tensors as parts to concatenate along dim 0 (see
+    :meth:`MultiModalFieldConfig.concat_parts`); None when no item has ``key`` or its merge is
+    not a concatenation."""
+    values = [item.data[key] for item in items if key in item.data]
+    if not values:
+        return None
+    config = next(item.fields[key] for item in items if key in item.data)
+    return config.concat_parts(values)

@@ -1,0 +1,71 @@
+"""uint8 normalisation on the CPU through a 256-entry table per channel.
+
+A uint8 input has only 256 values per channel, so the fp32 expression of
+:meth:`FusedMMInputNorm.forward_native` is evaluated once per value and channel, and every pixel
+becomes one table lookup (``numpy.take``, which releases the GIL) instead of four full-size
+passes over an fp32 temporary. IEEE operations round the same way element by element, so the
+result equals ``forward_native``'s bit for bit. The lookups are fastest when each channel's
+elements are contiguous in the output (``NCHW``); other layouts are correct, only slower.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from .norm import ChannelLayout, FusedMMInputNorm
+
+__all__ = ("normalization_table", "normalize_uint8_by_table")
+
+# Tables hold output bit patterns: numpy has no bfloat16, and a copy of bits is exact anyway.
+_BITS = {2: (np.int16, torch.int16), 4: (np.int32, torch.int32)}
+
+
+def normalization_table(norm: FusedMMInputNorm, visual_dtype: torch.dtype) -> np.ndarray:
+    """``[C, 256]`` output bit patterns: entry ``[c, v]`` is channel ``c``'s result for ``v``."""
+    from .norm import ChannelLayout
+
+    c = norm.num_channels
+    values = torch.arange(256, dtype=torch.uint8).expand(c, 256).unsqueeze(-1)
+    table = norm.forward_native(values, visual_dtype, layout=ChannelLayout.NCHW)[..., 0]
+    np_bits, torch_bits = _BITS[visual_dtype.itemsize]
+    return np.ascontiguousarray(table.contiguous().view(torch_bits).numpy()).view(np_bits)
+
+
+def normalize_uint8_by_table(
+    table: np.ndarray,
+    x: torch.Tensor,
+    visual_dtype: torch.dtype,
+    dst: torch.Tensor,
+    layout: ChannelLayout,
+) -> torch.Tensor:
+    """Write ``table[c][x]`` into ``dst`` (contiguous, ``x``'s shape, ``visual_dtype``).
+
+    ``x``: a validated uint8 CPU tensor in ``layout``, any strides.
+    """
+    from .norm import ChannelLayout
+
+    c = table.shape[0]
+    _, torch_bits = _BITS[visual_dtype.itemsize]
+    src = x.numpy()
+    out = dst.view(torch_bits).numpy()
+    if layout is ChannelLayout.NCHW:
+        # [..., C, H, W]: one contiguous output plane per leading index and channel
+        src = src.reshape(-1, c, *src.shape[-2:])
+        out = out.reshape(-1, c, *out.shape[-2:])
+        for n in range(src.shape[0]):
+            for ch in range(c):
+                np.take(table[ch], src[n, ch], out=out[n, ch], mode="clip")
+        return dst
+    if layout is ChannelLayout.NHWC:
+        src_v, out_v = np.moveaxis(src, -1, 0), np.moveaxis(out, -1, 0)
+    else:  # PATCHES: [..., C * K], channel-major within a row
+        k = src.shape[-1] // c
+        src_v = np.moveaxis(src.reshape(*src.shape[:-1], c, k), -2, 0)
+        out_v = np.moveaxis(out.reshape(*out.shape[:-1], c, k), -2, 0)
+    for ch in range(c):
+        np.take(table[ch], src_v[ch], out=out_v[ch], mode="clip")
+    return dst
