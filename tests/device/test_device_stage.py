@@ -307,3 +307,38 @@ async def test_cuda_matches_native(dtype: str) -> None:
     assert s.copies == 4 and s.bytes_copied == stage.bytes_moved > 0 and s.pageable_copies == 0
     assert s.copy_ms_total is not None and s.kernel_ms_total is not None
     assert s.pool is not None and s.pool.pinned and s.pool_in_use == 0
+
+
+@pytest.mark.parametrize("staging", [False, True], ids=["direct", "staged"])
+@pytest.mark.parametrize("classic", [False, True], ids=["norm", "classic"])
+@pytest.mark.parametrize("with_out", [False, True], ids=["alloc", "out"])
+async def test_parts_are_concatenated_in_the_stage_copy(
+    classic: bool, staging: bool, with_out: bool
+) -> None:
+    """A request's per-item rows go in as parts: the result is the run on their concatenation."""
+    stage = DeviceStage("cpu", "bfloat16", staging=staging)
+    p = None if classic else params(ChannelLayout.PATCHES)
+    dtype = torch.float32 if classic else torch.uint8
+    parts = [pixels((n, 1176), seed=20 + n, dtype=dtype) for n in (3, 1, 8)]
+    whole = torch.cat(parts)
+    out = torch.full((20, 1176), float("nan"), dtype=torch.bfloat16) if with_out else None
+    got = await stage.run(parts, p, out=out)
+    want = whole.to(torch.bfloat16) if classic else native(whole, p, torch.bfloat16)
+    assert got.shape == whole.shape and got.is_contiguous()
+    assert torch.equal(got, want)
+    for part in parts:
+        assert got.data_ptr() != part.data_ptr()  # the stage never hands back a cached part
+    if out is not None:
+        assert got.data_ptr() == out.data_ptr() and bool(out[12:].isnan().all())
+    assert torch.equal(await stage.run(parts[:1], p), await stage.run(parts[0], p))
+
+
+async def test_parts_that_cannot_be_concatenated_are_rejected() -> None:
+    stage = DeviceStage("cpu", "bfloat16")
+    p = params(ChannelLayout.PATCHES)
+    with pytest.raises(KernelInputError, match="cannot be concatenated"):
+        await stage.run([pixels((2, 1176), 1), pixels((2, 588), 2)], p)
+    with pytest.raises(KernelInputError, match="cannot be concatenated"):
+        await stage.run([pixels((2, 1176), 1), pixels((2, 1176), 2, torch.float32)], p)
+    with pytest.raises(KernelInputError, match="non-empty list"):
+        await stage.run([], p)

@@ -21,7 +21,12 @@ from aiomm.errors import (
     UnknownArchitectureError,
     UnknownModalityError,
 )
-from aiomm.processing.fields import MultiModalFieldConfig, merge_items, split_items
+from aiomm.processing.fields import (
+    MultiModalFieldConfig,
+    concat_parts,
+    merge_items,
+    split_items,
+)
 from aiomm.processing.processor import MultiModalConfig, check_uint8_exact
 from aiomm.samples import photo_like
 
@@ -184,6 +189,32 @@ def test_fields_split_and_merge_round_trip() -> None:
     # items reused in another order merge to the other order
     swapped = merge_items([items[2], items[0]])
     assert torch.equal(swapped["image_grid_thw"][0], items[2].data["image_grid_thw"])
+
+
+def test_concat_parts_concatenate_to_the_merge() -> None:
+    cfg = {
+        "flat": MultiModalFieldConfig.flat_from_sizes("image", [2, 1, 3]),
+        "batched": MultiModalFieldConfig.batched("image"),
+        "shared": MultiModalFieldConfig.shared("image", 3),
+        "names": MultiModalFieldConfig.batched("image"),
+    }
+    outputs = {
+        "flat": torch.arange(6 * 4).reshape(6, 4),
+        "batched": torch.arange(3 * 5).reshape(3, 5),
+        "shared": torch.ones(2),
+        "names": ["a", "b", "c"],
+    }
+    items = split_items(outputs, cfg)["image"]
+    merged = merge_items(items)
+    for key in ("flat", "batched"):
+        parts = concat_parts(items, key)
+        assert parts is not None and torch.equal(torch.cat(parts), merged[key])
+    assert concat_parts(items, "shared") is None and concat_parts(items, "names") is None
+    assert concat_parts(items, "missing") is None
+    assert set(merge_items(items, skip=("flat",))) == {"batched", "shared", "names"}
+    ragged = split_items({"b": [torch.ones(2), torch.ones(3)]}, {"b": cfg["batched"]})["image"]
+    with pytest.raises(ProcessingError, match="different shapes"):
+        concat_parts(ragged, "b")
 
 
 def test_shared_and_bad_flat_fields() -> None:
