@@ -89,12 +89,18 @@ def grid_outputs(transformed: list[tuple[torch.Tensor, list[int]]]) -> dict[str,
     }
 
 
-def grid_fields_config(outputs: Mapping[str, Any]) -> dict[str, MultiModalFieldConfig]:
-    """Items of grid-patch processors: ``prod(grid_thw)`` rows each, one grid each."""
+def grid_fields_config(
+    outputs: Mapping[str, Any], *, repeat: tuple[int, int] | None = None
+) -> dict[str, MultiModalFieldConfig]:
+    """Items of grid-patch processors: ``prod(grid_thw)`` rows each, one grid each.
+
+    ``repeat``: the rows are compact (one frame) and merge into the model's rows by repeating
+    each of their ``repeat[0]`` channel blocks ``repeat[1]`` times.
+    """
     grid = outputs.get("image_grid_thw")
     sizes = grid.prod(-1) if grid is not None else []
     return {
-        "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", sizes),
+        "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", sizes, repeat=repeat),
         "image_grid_thw": MultiModalFieldConfig.batched("image"),
     }
 
@@ -194,7 +200,7 @@ class QwenVLProcessor(BaseMultiModalProcessor):
     def transform_image(
         self, image: Any, params: _TransformParams
     ) -> tuple[torch.Tensor, list[int]]:
-        """One image -> (rows, [grid_t, grid_h, grid_w])."""
+        """One image -> (rows of one frame, ``[gh * gw, C * P * P]``; [grid_t, gh, gw])."""
         rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
         height, width = self.target_size(rgb.shape[0], rgb.shape[1], params)
         if self.resize_device is not None and self.device_normalize:
@@ -208,12 +214,14 @@ class QwenVLProcessor(BaseMultiModalProcessor):
                 params.rescale_factor, params.image_mean, params.image_std, ChannelLayout.NCHW
             )
             chw = _norm_module(norm).forward_table(chw, self.prenormalize_dtype, layout=norm.layout)
+        # One frame: the item (and the cache) keeps compact rows, and the merge repeats each
+        # channel block temporal_patch_size times (``grid_fields_config``'s ``repeat``).
         rows = patchify(
-            chw,
-            patch_size=params.patch_size,
-            merge_size=params.merge_size,
-            temporal_patch_size=params.temporal_patch_size,
+            chw, patch_size=params.patch_size, merge_size=params.merge_size, temporal_patch_size=1
         )
+        if rows.is_cuda:
+            # rows made on the device are complete before any other stream reads them
+            torch.cuda.current_stream(rows.device).synchronize()
         return rows, [1, height // params.patch_size, width // params.patch_size]
 
     def _resize_on_device(
@@ -244,7 +252,11 @@ class QwenVLProcessor(BaseMultiModalProcessor):
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
     ) -> dict[str, MultiModalFieldConfig]:
-        return grid_fields_config(outputs)
+        if self.transform != "native" or "pixel_values" not in outputs:
+            return grid_fields_config(outputs)
+        params = self._resolve_params(hf_kwargs)
+        channels = outputs["pixel_values"].shape[-1] // params.patch_size**2
+        return grid_fields_config(outputs, repeat=(channels, params.temporal_patch_size))
 
     def num_image_tokens(self, item: MultiModalKwargsItem, hf_kwargs: Mapping[str, Any]) -> int:
         merge = int(hf_kwargs.get("merge_size", self.image_processor.merge_size))

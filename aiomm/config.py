@@ -61,6 +61,11 @@ class EngineConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     processing: MultiModalConfig = field(default_factory=MultiModalConfig)
 
+    def pillow_blocks_kept(self) -> int:
+        """Pillow memory blocks the engine keeps for reuse (``decode.pillow_blocks_kept``)."""
+        kept = self.decode.pillow_blocks_kept
+        return 4 * self.transform_threads if kept is None else kept
+
     def __post_init__(self) -> None:
         for name in (
             "transform_threads",

@@ -177,20 +177,35 @@ class DeviceStage:
         params: NormalizationParams | None,
         *,
         out: torch.Tensor | None = None,
+        repeat: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Normalise (or, on the classic path, cast) ``pixel_values`` onto the device.
 
-        ``pixel_values`` is one CPU tensor or a sequence of parts to concatenate along dim 0 (a
+        ``pixel_values`` is one tensor or a sequence of parts to concatenate along dim 0 (a
         request's per-item rows): the stage's one host copy concatenates them, so a batch is
-        never merged in a copy of its own. With ``out`` (contiguous, ``visual_dtype``, on the
-        device, ``out.shape[1:] == pixel_values.shape[1:]`` and at least as many rows) only its
-        leading rows are written and that view is returned.
+        never merged in a copy of its own. ``repeat=(blocks, times)``: the parts are compact
+        rows ``[n, blocks * width]`` and each block is repeated ``times`` times in the result
+        (Qwen-VL's temporal frames), also within that one copy. Inputs normally live on the
+        CPU; inputs already on the stage's CUDA device (resized there) are normalised in place
+        of a copy. With ``out`` (contiguous, ``visual_dtype``, on the device, the result's row
+        shape and at least as many rows) only its leading rows are written and that view is
+        returned.
 
-        :raises KernelInputError: ``pixel_values`` not on the CPU, or parts that disagree in
-            dtype or trailing shape; and the kernel's errors (``UnsupportedDtypeError``,
-            ``LayoutError``, ``OutputBufferError``).
+        :raises KernelInputError: ``pixel_values`` on a device other than the CPU or the
+            stage's, or parts that cannot be concatenated or expanded; and the kernel's errors
+            (``UnsupportedDtypeError``, ``LayoutError``, ``OutputBufferError``).
         """
-        x = _Rows.of(pixel_values)
+        x = _Rows.of(pixel_values, repeat)
+        resident = x.device.type != "cpu"
+        if resident and not (
+            self._cuda
+            and x.device.type == self.device.type
+            and (self.device.index is None or x.device.index == self.device.index)
+        ):
+            raise KernelInputError(
+                f"pixel_values must be on the CPU or on the stage's device {self.device}, got "
+                f"{x.device}"
+            )
         if out is not None:
             _check_out(out, x, self.dtype, self.device)
         if self._cuda:
@@ -204,7 +219,10 @@ class DeviceStage:
             )
             self._runs += 1
             return result
-        if self._cuda:
+        if resident:
+            consumer = torch.cuda.current_stream(self.device)
+            done = await anyio.to_thread.run_sync(self._resident_sync, x, params, out, consumer)
+        elif self._cuda:
             # The caller's stream, read on the caller's thread: the output belongs to it.
             consumer = torch.cuda.current_stream(self.device)
             done = await self._staged(self._cuda_sync, x, params, out, consumer)
@@ -253,6 +271,9 @@ class DeviceStage:
                     # Uploaded on the norm stream, so every later kernel there is ordered after it.
                     with torch.cuda.stream(self._streams[1]):
                         module = module.to(self.device)
+                    # once per params: the constants are then ready on every stream (the
+                    # resident path runs on the caller's)
+                    self._streams[1].synchronize()
                 self._modules[params] = module
             return module
 
@@ -267,7 +288,10 @@ class DeviceStage:
         else:
             module = self._module(params)
             for part, rows in x.slices(dst):
-                module.forward_table(part, self.dtype, rows, params.layout)
+                if x.repeat is None:
+                    module.forward_table(part, self.dtype, rows, params.layout)
+                else:  # normalise the compact rows, then expand them in the copy
+                    x.fill(rows, module.forward_table(part, self.dtype, layout=params.layout))
         return _Done(dst, 0, False, None, None)
 
     def _cpu_staged_sync(
@@ -291,6 +315,27 @@ class DeviceStage:
         return _Done(dst, 0, False, None, None)
 
     # ------------------------------------------------------------------ CUDA (worker threads)
+
+    def _resident_sync(
+        self,
+        x: _Rows,
+        params: NormalizationParams | None,
+        out: torch.Tensor | None,
+        consumer: torch.cuda.Stream,
+    ) -> _Done:
+        """Rows already on the device (resized there): merge + normalise on the caller's
+        stream, no host copy. The transform synchronised its stream, so the rows are complete."""
+        module = None if params is None else self._module(params)
+        with torch.cuda.stream(consumer):
+            dst = _output(x, self.dtype, out)
+            if module is None or params is None:
+                x.copy_into(dst)
+            else:
+                module.forward(x.cat(x.dtype), self.dtype, dst, params.layout)
+            done = torch.cuda.Event()
+            done.record(consumer)
+        done.synchronize()  # a worker thread: the event loop keeps running
+        return _Done(dst, 0, False, None, None)
 
     async def _ensure_cuda(self) -> None:
         if self._streams is None:
@@ -404,34 +449,41 @@ def _check_out(out: torch.Tensor, x: _Rows, dtype: torch.dtype, device: torch.de
 
 
 def _output(x: _Rows, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=dtype) if out is None else out[: x.shape[0]]
+    if out is None:
+        return torch.empty(x.shape, dtype=dtype, device=x.device)
+    return out[: x.shape[0]]
 
 
 class _Rows:
-    """A run's input: one tensor or parts concatenated along dim 0, copied part by part."""
+    """A run's input: one tensor, or parts concatenated along dim 0, each part's rows expanded
+    by ``repeat`` (see ``MultiModalFieldConfig.repeat``); copied part by part."""
 
-    __slots__ = ("dtype", "numel", "parts", "shape")
+    __slots__ = ("device", "dtype", "numel", "parts", "repeat", "shape")
 
-    def __init__(self, parts: list[torch.Tensor]) -> None:
+    def __init__(self, parts: list[torch.Tensor], repeat: tuple[int, int] | None) -> None:
         self.parts = parts
+        self.repeat = repeat
         first = parts[0]
         self.dtype: torch.dtype = first.dtype
-        self.shape = (
-            first.shape
-            if len(parts) == 1
-            else torch.Size((sum(p.shape[0] for p in parts), *first.shape[1:]))
-        )
+        self.device: torch.device = first.device
+        if repeat is not None:
+            self.shape = torch.Size((sum(p.shape[0] for p in parts), first.shape[1] * repeat[1]))
+        elif len(parts) == 1:
+            self.shape = first.shape
+        else:
+            self.shape = torch.Size((sum(p.shape[0] for p in parts), *first.shape[1:]))
         self.numel: int = self.shape.numel()
 
     @classmethod
-    def of(cls, pixel_values: torch.Tensor | Sequence[torch.Tensor]) -> _Rows:
-        """:raises KernelInputError: not CPU tensors, or parts that cannot be concatenated."""
+    def of(
+        cls,
+        pixel_values: torch.Tensor | Sequence[torch.Tensor],
+        repeat: tuple[int, int] | None = None,
+    ) -> _Rows:
+        """:raises KernelInputError: parts that cannot be concatenated (or expanded)."""
         parts = [pixel_values] if isinstance(pixel_values, torch.Tensor) else list(pixel_values)
         if not parts or not all(isinstance(p, torch.Tensor) for p in parts):
             raise KernelInputError("pixel_values must be a tensor or a non-empty list of tensors")
-        for p in parts:
-            if p.device.type != "cpu":
-                raise KernelInputError(f"pixel_values must be a CPU tensor, got one on {p.device}")
         first = parts[0]
         for p in parts[1:]:
             if p.dim() == 0 or p.dtype != first.dtype or p.shape[1:] != first.shape[1:]:
@@ -439,9 +491,21 @@ class _Rows:
                     f"pixel_values parts disagree: {first.dtype} {list(first.shape)} and "
                     f"{p.dtype} {list(p.shape)} cannot be concatenated along dim 0"
                 )
+            if p.device != first.device:
+                raise KernelInputError(
+                    f"pixel_values parts are on different devices: {first.device} and {p.device}"
+                )
         if len(parts) > 1 and first.dim() == 0:
             raise KernelInputError("pixel_values parts must have at least one dimension")
-        return cls(parts)
+        if repeat is not None:
+            blocks, times = repeat
+            if blocks < 1 or times < 1 or first.dim() != 2 or first.shape[1] % blocks:
+                raise KernelInputError(
+                    f"repeat={repeat} needs rows [n, blocks * width], got {list(first.shape)}"
+                )
+            if times == 1:
+                repeat = None
+        return cls(parts, repeat)
 
     def slices(self, dst: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each part with the rows of ``dst`` it fills."""
@@ -452,15 +516,26 @@ class _Rows:
             start += n
         return out
 
+    def fill(self, rows: torch.Tensor, part: torch.Tensor) -> None:
+        """Copy one part (or a same-shaped result computed from it) into its rows, expanded."""
+        if self.repeat is None:
+            rows.copy_(part)
+            return
+        blocks, times = self.repeat
+        n, width = part.shape[0], part.shape[1] // blocks
+        target = rows.view(n, blocks, times, width)
+        target.copy_(part.reshape(n, blocks, 1, width).expand(n, blocks, times, width))
+
     def copy_into(self, dst: torch.Tensor) -> None:
         """Copy (casting to ``dst``'s dtype) every part into its rows of ``dst``."""
         for part, rows in self.slices(dst):
-            rows.copy_(part)
+            self.fill(rows, part)
 
     def cat(self, dtype: torch.dtype) -> torch.Tensor:
-        """The concatenation in ``dtype`` (a single part of that dtype: itself)."""
-        if len(self.parts) == 1 and self.dtype == dtype:
+        """The expanded concatenation in ``dtype``, on the parts' device (a single unexpanded
+        part of that dtype: itself)."""
+        if len(self.parts) == 1 and self.repeat is None and self.dtype == dtype:
             return self.parts[0]
-        dst = torch.empty(self.shape, dtype=dtype)
+        dst = torch.empty(self.shape, dtype=dtype, device=self.device)
         self.copy_into(dst)
         return dst

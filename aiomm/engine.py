@@ -39,7 +39,7 @@ import torch
 
 from aiomm.admission import ByteBudget, ByteBudgetStatistics
 from aiomm.config import EngineConfig
-from aiomm.decode import decode_image, image_from_object, probe_image_size
+from aiomm.decode import decode_image, image_from_object, keep_pillow_blocks, probe_image_size
 from aiomm.device import DeviceStage, DeviceStageStatistics
 from aiomm.errors import AiommError, EngineClosedError, ProcessingError
 from aiomm.fetch import MediaFetcher
@@ -224,6 +224,7 @@ class Engine:
             raise RuntimeError("this Engine is already open")
         if self.config.torch_threads is not None:
             torch.set_num_threads(self.config.torch_threads)
+        keep_pillow_blocks(self.config.pillow_blocks_kept())
         stack = contextlib.AsyncExitStack()
         try:
             self._fetcher = await stack.enter_async_context(MediaFetcher(self.config.fetch))
@@ -409,12 +410,13 @@ class Engine:
         # The device stage's one host copy merges the pixel rows: no batch copy on the event loop.
         parts = concat_parts(all_items, "pixel_values")
         merged = merge_items(all_items, skip=("pixel_values",) if parts is not None else ())
-        pixels = parts if parts is not None else merged.get("pixel_values")
+        pixels = parts.tensors if parts is not None else merged.get("pixel_values")
         if pixels is not None:
             # prenormalised items are already model-ready: the device stage only places them
             params = None if self.processor.prenormalize_dtype else processed.normalization
+            repeat = parts.repeat if parts is not None else None
             async with self._device_limiter:
-                merged["pixel_values"] = await self.device.run(pixels, params)
+                merged["pixel_values"] = await self.device.run(pixels, params, repeat=repeat)
         timings["device"] = time.perf_counter() - t
         self._counters.images += n
         return Result(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -21,6 +21,7 @@ __all__ = (
     "FieldKind",
     "MultiModalFieldConfig",
     "MultiModalKwargsItem",
+    "Parts",
     "concat_parts",
     "merge_items",
     "split_items",
@@ -41,6 +42,10 @@ class MultiModalFieldConfig:
     modality: str
     sizes: tuple[int, ...] | None = None
     batch_size: int | None = None
+    #: ``(blocks, times)``: rows are stored compact, and merging repeats each of a row's
+    #: ``blocks`` equal blocks ``times`` times in place (Qwen-VL's image rows hold the frame
+    #: ``temporal_patch_size`` times per channel): items and the cache keep 1/times of the bytes.
+    repeat: tuple[int, int] | None = None
 
     @staticmethod
     def batched(modality: str) -> MultiModalFieldConfig:
@@ -48,11 +53,21 @@ class MultiModalFieldConfig:
 
     @staticmethod
     def flat_from_sizes(
-        modality: str, sizes: Sequence[int] | torch.Tensor
+        modality: str,
+        sizes: Sequence[int] | torch.Tensor,
+        *,
+        repeat: tuple[int, int] | None = None,
     ) -> MultiModalFieldConfig:
         if isinstance(sizes, torch.Tensor):
             sizes = sizes.tolist()
-        return MultiModalFieldConfig(FieldKind.FLAT, modality, sizes=tuple(int(s) for s in sizes))
+        if repeat is not None and (repeat[0] < 1 or repeat[1] < 1):
+            raise ProcessingError(f"repeat must be (blocks >= 1, times >= 1), got {repeat}")
+        return MultiModalFieldConfig(
+            FieldKind.FLAT,
+            modality,
+            sizes=tuple(int(s) for s in sizes),
+            repeat=None if repeat is None or repeat[1] == 1 else (int(repeat[0]), int(repeat[1])),
+        )
 
     @staticmethod
     def shared(modality: str, batch_size: int) -> MultiModalFieldConfig:
@@ -82,10 +97,29 @@ class MultiModalFieldConfig:
             start += size
         return out
 
+    def expanded(self, value: torch.Tensor) -> torch.Tensor:
+        """A stored value as the model takes it: a view ``[rows, blocks, times, width]`` whose
+        flattening after dim 0 is the model's rows (the value itself without ``repeat``).
+
+        :raises ProcessingError: rows that do not split into ``blocks`` equal blocks.
+        """
+        if self.repeat is None:
+            return value
+        blocks, times = self.repeat
+        if value.dim() != 2 or value.shape[1] % blocks:
+            raise ProcessingError(
+                f"rows of shape {list(value.shape)} do not split into {blocks} equal blocks"
+            )
+        n, width = value.shape[0], value.shape[1] // blocks
+        return value.view(n, blocks, 1, width).expand(n, blocks, times, width)
+
     def merge(self, values: Sequence[Any]) -> Any:
-        """Merge per-item values back into one batch (the inverse of :meth:`split`)."""
+        """Merge per-item values back into one batch (the inverse of :meth:`split`); rows stored
+        compact (``repeat``) are expanded in the same copy."""
         if self.kind is FieldKind.SHARED:
             return values[0]
+        if self.repeat is not None and all(isinstance(v, torch.Tensor) for v in values):
+            return torch.cat([self.expanded(v) for v in values]).flatten(1)
         if all(isinstance(v, torch.Tensor) for v in values):
             return (
                 torch.stack(list(values))
@@ -97,8 +131,9 @@ class MultiModalFieldConfig:
         return [x for v in values for x in v]
 
     def concat_parts(self, values: Sequence[Any]) -> list[torch.Tensor] | None:
-        """Tensors whose concatenation along dim 0 is ``merge(values)``, or None when the merge
-        is not a concatenation of tensors (shared or non-tensor values).
+        """Tensors whose concatenation along dim 0 is ``merge(values)`` (once each is
+        :meth:`expanded`, when ``repeat`` is set), or None when the merge is not a concatenation
+        of tensors (shared or non-tensor values).
 
         A consumer that copies the batch anyway (the device stage) merges in that one copy.
 
@@ -175,12 +210,20 @@ def merge_items(
     return {key: configs[key].merge(values) for key, values in by_key.items()}
 
 
-def concat_parts(items: Sequence[MultiModalKwargsItem], key: str) -> list[torch.Tensor] | None:
-    """``key``'s per-item tensors as parts to concatenate along dim 0 (see
-    :meth:`MultiModalFieldConfig.concat_parts`); None when no item has ``key`` or its merge is
-    not a concatenation."""
+class Parts(NamedTuple):
+    """A field's per-item tensors, to concatenate along dim 0 after expanding each by
+    ``repeat`` (see :attr:`MultiModalFieldConfig.repeat`)."""
+
+    tensors: list[torch.Tensor]
+    repeat: tuple[int, int] | None
+
+
+def concat_parts(items: Sequence[MultiModalKwargsItem], key: str) -> Parts | None:
+    """``key``'s per-item tensors as :class:`Parts`; None when no item has ``key`` or its merge
+    is not a concatenation (see :meth:`MultiModalFieldConfig.concat_parts`)."""
     values = [item.data[key] for item in items if key in item.data]
     if not values:
         return None
     config = next(item.fields[key] for item in items if key in item.data)
-    return config.concat_parts(values)
+    tensors = config.concat_parts(values)
+    return None if tensors is None else Parts(tensors, config.repeat)

@@ -342,3 +342,23 @@ async def test_parts_that_cannot_be_concatenated_are_rejected() -> None:
         await stage.run([pixels((2, 1176), 1), pixels((2, 1176), 2, torch.float32)], p)
     with pytest.raises(KernelInputError, match="non-empty list"):
         await stage.run([], p)
+
+
+@pytest.mark.parametrize("staging", [False, True], ids=["direct", "staged"])
+@pytest.mark.parametrize("classic", [False, True], ids=["norm", "classic"])
+async def test_compact_parts_are_expanded_in_the_copy(classic: bool, staging: bool) -> None:
+    """``repeat=(3, 2)``: one-frame rows come out with each channel block twice, as merged."""
+    stage = DeviceStage("cpu", "bfloat16", staging=staging)
+    p = None if classic else params(ChannelLayout.PATCHES)
+    dtype = torch.float32 if classic else torch.uint8
+    parts = [pixels((n, 3 * 196), seed=40 + n, dtype=dtype) for n in (4, 2)]
+    blocks = torch.cat(parts).reshape(6, 3, 1, 196)
+    full = torch.cat([blocks, blocks], dim=2).reshape(6, 1176)
+    out = torch.full((9, 1176), float("nan"), dtype=torch.bfloat16)
+    got = await stage.run(parts, p, out=out, repeat=(3, 2))
+    want = full.to(torch.bfloat16) if classic else native(full, p, torch.bfloat16)
+    assert got.shape == (6, 1176) and torch.equal(got, want)
+    assert bool(out[6:].isnan().all())
+    assert torch.equal(await stage.run(parts, p, repeat=(3, 2)), want)
+    with pytest.raises(KernelInputError, match="repeat"):
+        await stage.run([pixels((2, 7), 1)], p, repeat=(3, 2))

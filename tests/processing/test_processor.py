@@ -185,7 +185,9 @@ def test_fields_split_and_merge_round_trip() -> None:
         )
     })  # fmt: skip
     for a, b in zip(items, again["image"], strict=True):
-        assert torch.equal(a.data["pixel_values"], b.data["pixel_values"])
+        # items hold one frame; merged rows repeat it (the model's rows)
+        full = a.fields["pixel_values"].expanded(a.data["pixel_values"]).flatten(1)
+        assert torch.equal(full, b.data["pixel_values"])
     # items reused in another order merge to the other order
     swapped = merge_items([items[2], items[0]])
     assert torch.equal(swapped["image_grid_thw"][0], items[2].data["image_grid_thw"])
@@ -208,13 +210,35 @@ def test_concat_parts_concatenate_to_the_merge() -> None:
     merged = merge_items(items)
     for key in ("flat", "batched"):
         parts = concat_parts(items, key)
-        assert parts is not None and torch.equal(torch.cat(parts), merged[key])
+        assert parts is not None and parts.repeat is None
+        assert torch.equal(torch.cat(parts.tensors), merged[key])
     assert concat_parts(items, "shared") is None and concat_parts(items, "names") is None
     assert concat_parts(items, "missing") is None
     assert set(merge_items(items, skip=("flat",))) == {"batched", "shared", "names"}
     ragged = split_items({"b": [torch.ones(2), torch.ones(3)]}, {"b": cfg["batched"]})["image"]
     with pytest.raises(ProcessingError, match="different shapes"):
         concat_parts(ragged, "b")
+
+
+def test_compact_rows_expand_when_merged() -> None:
+    """``repeat=(blocks, times)``: items keep compact rows; merging repeats each block."""
+    cfg = MultiModalFieldConfig.flat_from_sizes("image", [2, 3], repeat=(3, 2))
+    compact = torch.arange(5 * 3 * 4).reshape(5, 12)  # 5 rows of 3 blocks of width 4
+    items = split_items({"pixel_values": compact}, {"pixel_values": cfg})["image"]
+    assert [it.data["pixel_values"].shape[0] for it in items] == [2, 3]
+    assert items[0].nbytes() == compact[:2].nbytes  # the cache holds the compact rows
+    merged = merge_items(items)["pixel_values"]
+    blocks = compact.reshape(5, 3, 1, 4)
+    want = torch.cat([blocks, blocks], dim=2).reshape(5, 24)  # each block twice, in place
+    assert torch.equal(merged, want)
+    parts = concat_parts(items, "pixel_values")
+    assert parts is not None and parts.repeat == (3, 2)
+    assert torch.equal(torch.cat([cfg.expanded(t).flatten(1) for t in parts.tensors]), want)
+    assert MultiModalFieldConfig.flat_from_sizes("image", [1], repeat=(3, 1)).repeat is None
+    with pytest.raises(ProcessingError, match="equal blocks"):
+        cfg.expanded(torch.zeros(2, 7))
+    with pytest.raises(ProcessingError, match="repeat"):
+        MultiModalFieldConfig.flat_from_sizes("image", [1], repeat=(0, 2))
 
 
 def test_shared_and_bad_flat_fields() -> None:
