@@ -952,7 +952,11 @@ def check_exact(wl: Workload, indices: Sequence[int], loop: str) -> dict[str, An
                 "tokens_equal": out.prompt_token_ids == raw["input_ids"][0].tolist(),
                 "prompt_ids_sha": ids_sha(out.prompt_token_ids),
                 "num_tokens": len(out.prompt_token_ids),
-                "image_sha": [_sha(it.data["pixel_values"]) for it in out.mm_kwargs["image"]],
+                # items may keep one frame of rows: hash them as the model takes them
+                "image_sha": [
+                    _sha(it.fields["pixel_values"].expanded(it.data["pixel_values"]).flatten(1))
+                    for it in out.mm_kwargs["image"]
+                ],
                 "placeholders": [r.length for r in out.mm_placeholders["image"]],
             }
         )
