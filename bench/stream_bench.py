@@ -1342,6 +1342,12 @@ def run_vllm(job: dict[str, Any], python: str | None, out: Path) -> dict[str, An
 # ====================================================================== analysis and report
 
 
+def computed_per_s(rec: dict[str, Any]) -> float:
+    """Images computed (neither a cache hit nor joined to one in flight) per second."""
+    computed = rec["images"] - rec.get("cache_hits", 0) - rec.get("cache_joins", 0)
+    return computed / rec["wall_s"] if rec["wall_s"] else math.nan
+
+
 def analyse(results: dict[str, Any]) -> dict[str, Any]:
     """Ratios aiomm/baseline, the floor fraction, thread scaling, open loop at 2x; targets."""
     systems = results["systems"]
@@ -1405,7 +1411,11 @@ def analyse(results: dict[str, Any]) -> dict[str, Any]:
         # the queues must not grow: judge the RSS growth net of the cache's
         net = r["rss_growth_mb"] - r.get("cache_growth_mb", 0.0)
         flat = net <= max(64.0, 0.1 * r["rss_start_mb"])
-        serving = r["requests_per_s"] >= 0.8 * capacity
+        # Capacity is judged in work: images computed (not cache hits) per second. Shedding
+        # drops whole requests, and the served ones repeat fewer images (a repeat needs its
+        # first occurrence served), so requests/s alone would count the cache as lost capacity.
+        work = computed_per_s(r) / computed_per_s(aiomm["closed"])
+        serving = work >= 0.8
         targets.append(
             {
                 "target": "open loop at 2x capacity: RSS flat and serving at capacity",
@@ -1413,6 +1423,7 @@ def analyse(results: dict[str, Any]) -> dict[str, Any]:
                     "rss_growth_mb": r["rss_growth_mb"],
                     "of_it_cache_mb": r.get("cache_growth_mb", 0.0),
                     "served/capacity": r["requests_per_s"] / capacity,
+                    "work/capacity": work,
                     "p99_ms": r["latency_ms"]["p99"],
                     "rejected": r["rejected"],
                 },
@@ -1502,17 +1513,18 @@ def report(results: dict[str, Any]) -> str:
         lines.append(
             "open loop (Poisson arrivals at a multiple of each system's closed-loop capacity; "
             "latency from the scheduled arrival; RSS growth while requests arrive, and the "
-            "item cache's share of it):"
+            "item cache's share of it; work/s: images computed, not served from the cache):"
         )
         lines.append(
             f"  {'system':<14}{'load':>6}{'arrive/s':>9}{'served/s':>9}{'img/s':>8}"
-            f"{'p50 ms':>9}{'p99 ms':>9}{'shed':>6}{'unfin':>6}{'RSS +MB':>8}{'cache':>7}"
+            f"{'work/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'shed':>6}{'unfin':>6}{'RSS +MB':>8}"
+            f"{'cache':>7}"
         )
         for name, r in opens:
             arrived = r["requests"] / r["window_s"] if r["window_s"] else math.nan
             lines.append(
                 f"  {name:<14}{r['factor']:>5.1f}x{arrived:>9.2f}"
-                f"{r['requests_per_s']:>9.2f}{r['images_per_s']:>8.1f}"
+                f"{r['requests_per_s']:>9.2f}{r['images_per_s']:>8.1f}{computed_per_s(r):>8.1f}"
                 f"{_fmt(r['latency_ms']['p50'], '.0f'):>9}{_fmt(r['latency_ms']['p99'], '.0f'):>9}"
                 f"{r['rejected']:>6}{r['unfinished']:>6}{r['rss_growth_mb']:>+8.0f}"
                 f"{_fmt(r.get('cache_growth_mb'), '+.0f'):>7}"
