@@ -32,6 +32,7 @@ from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
     Backend,
     Resample,
+    as_tensor_view,
     hf_backend_normalize,
     patchify,
     resize,
@@ -237,7 +238,7 @@ class QwenVLProcessor(BaseMultiModalProcessor):
             if self.backend is Backend.PIL
             else ResampleVariant.TORCH_BICUBIC_AA
         )
-        src = torch.from_numpy(np.ascontiguousarray(rgb) if rgb.flags.writeable else rgb.copy())
+        src = as_tensor_view(np.ascontiguousarray(rgb))
         src = src.to(self.resize_device)
         if (height, width) != tuple(src.shape[:2]):
             src = resize_uint8(src, height, width, variant, layout="hwc")

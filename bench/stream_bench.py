@@ -875,9 +875,12 @@ def measure_floor(wl: Workload, n: int) -> dict[str, Any]:
     """Single-thread time of decode + resize (the engine's own functions) per unique image."""
     import torch
 
-    from aiomm.decode import DEFAULT_MAX_PIXELS, decode_image
+    from aiomm.config import EngineConfig
+    from aiomm.decode import DEFAULT_MAX_PIXELS, decode_image, keep_pillow_blocks
     from aiomm.processing.image_ops import Backend, Resample, resize
 
+    # decode as the engine does: with Pillow's memory blocks kept for reuse
+    keep_pillow_blocks(EngineConfig(transform_threads=cores()).pillow_blocks_kept())
     hf = _hf_processor()
     resample = Resample(int(hf.image_processor.resample))
     reqs = wl.requests[:n]

@@ -25,6 +25,7 @@ from aiomm.errors import ProcessingError
 __all__ = (
     "Backend",
     "Resample",
+    "as_tensor_view",
     "hf_backend_normalize",
     "patchify",
     "resize",
@@ -94,11 +95,20 @@ def to_rgb_array(image: PIL.Image.Image | np.ndarray) -> np.ndarray:
 
 
 def _chw_view(image: np.ndarray) -> torch.Tensor:
-    """A ``C x H x W`` view (channels-last strides) of an ``H x W x C`` array, copied only if
-    the array is read-only (torch warns when it wraps read-only memory)."""
-    if not image.flags.writeable:
-        image = image.copy()
-    return torch.from_numpy(image).permute(2, 0, 1)
+    """A ``C x H x W`` view (channels-last strides) of an ``H x W x C`` array, never a copy."""
+    return as_tensor_view(image).permute(2, 0, 1)
+
+
+def as_tensor_view(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory, also when the array is read-only.
+
+    Decoded images are read-only views of Pillow's pixel bytes; ``torch.from_numpy`` warns on
+    those, so they cross through DLPack, which shares them silently. The pipeline only reads
+    these tensors: every operation that changes pixels writes a new tensor.
+    """
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    return torch.from_dlpack(array)
 
 
 def resize(

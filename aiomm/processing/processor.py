@@ -121,6 +121,16 @@ def _as_list(value: Any) -> list[Any]:
     return [value]
 
 
+def _writable_arrays(value: Any) -> Any:
+    """Copies of read-only numpy arrays (decoded images are views of Pillow's bytes): HF's
+    torch backend wraps arrays with ``torch.from_numpy``, which warns on read-only memory."""
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        return value.copy()
+    if isinstance(value, list):
+        return [_writable_arrays(v) for v in value]
+    return value
+
+
 def check_uint8_exact(name: str, values: torch.Tensor) -> torch.Tensor:
     """Return ``values`` as uint8, proving no value was rounded or clipped.
 
@@ -289,6 +299,7 @@ class BaseMultiModalProcessor:
         """Stage 2: run the transform (the HF processor, or the native one)."""
         if self.transform == "native":
             return self._call_native_transform(hf_data, hf_kwargs)
+        hf_data = {key: _writable_arrays(value) for key, value in hf_data.items()}
         try:
             return self.hf_processor(**hf_data, **hf_kwargs, return_tensors="pt")
         except (TypeError, ValueError, KeyError) as exc:

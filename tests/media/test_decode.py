@@ -18,6 +18,7 @@ import pytest
 
 from aiomm.decode import DecodeConfig, decode_image, image_from_object, probe_image_size
 from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError
+from aiomm.processing.image_ops import as_tensor_view
 
 MAX = DecodeConfig().max_pixels
 
@@ -36,7 +37,9 @@ def decode(data: bytes, max_pixels: int = MAX) -> np.ndarray:
 
 def assert_rgb(out: np.ndarray, shape: tuple[int, int] | None = None) -> None:
     assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3, (out.dtype, out.shape)
-    assert out.flags.c_contiguous and out.flags.writeable
+    assert out.flags.c_contiguous
+    # read-only views of Pillow's bytes are fine: the pipeline wraps them without a copy
+    assert as_tensor_view(out).data_ptr() == out.ctypes.data
     if shape is not None:
         assert out.shape[:2] == shape
 
@@ -343,3 +346,21 @@ def test_bad_arrays(array: np.ndarray, message: str) -> None:
 @pytest.mark.parametrize("obj", [b"\x89PNG", "img.png", [[1, 2]], None])
 def test_unsupported_objects(obj: Any) -> None:
     _exactly(InvalidSourceError, image_from_object, obj)
+
+
+def test_pillow_blocks_are_kept_for_reuse() -> None:
+    """The engine raises Pillow's block cache (never lowers it), so decodes reuse memory."""
+    from aiomm.config import EngineConfig
+    from aiomm.decode import keep_pillow_blocks
+
+    before = PIL.Image.core.get_blocks_max()
+    try:
+        assert keep_pillow_blocks(before + 3) == before + 3
+        assert keep_pillow_blocks(1) == before + 3  # never lowered
+        assert EngineConfig(transform_threads=3).pillow_blocks_kept() == 12
+        cfg = EngineConfig(decode=DecodeConfig(pillow_blocks_kept=0))
+        assert cfg.pillow_blocks_kept() == 0
+        with pytest.raises(ValueError, match="pillow_blocks_kept"):
+            DecodeConfig(pillow_blocks_kept=-1)
+    finally:
+        PIL.Image.core.set_blocks_max(before)
