@@ -55,6 +55,10 @@ class EngineConfig:
     #: resize + patchify on the device (bit-exact to the CPU path): the CPU only decodes.
     #: None = on when the device is CUDA and the adapter's transform is a plain resize.
     mm_device_resize: bool | None = None
+    #: let glibc's malloc reuse the large per-image buffers instead of mapping fresh pages for
+    #: each (process-wide, once; see ``aiomm.memory``); skipped when ``GLIBC_TUNABLES`` sets
+    #: malloc options
+    tune_malloc: bool = True
     #: hash encoded bytes in a worker thread above this size (below it the loop is faster)
     hash_in_thread_bytes: int = 1 << 20
     fetch: FetchConfig = field(default_factory=FetchConfig)

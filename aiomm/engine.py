@@ -45,6 +45,7 @@ from aiomm.errors import AiommError, EngineClosedError, ProcessingError
 from aiomm.fetch import MediaFetcher
 from aiomm.hashing import hash_bytes, hash_pixels, item_cache_key
 from aiomm.item_cache import CacheOutcome, ItemCache
+from aiomm.memory import tune_malloc
 from aiomm.processing.fields import MultiModalKwargsItem, concat_parts, merge_items
 from aiomm.processing.processor import BaseMultiModalProcessor
 from aiomm.stats import LatencyStats, StageRecorder
@@ -225,6 +226,8 @@ class Engine:
         if self.config.torch_threads is not None:
             torch.set_num_threads(self.config.torch_threads)
         keep_pillow_blocks(self.config.pillow_blocks_kept())
+        if self.config.tune_malloc:
+            tune_malloc()
         stack = contextlib.AsyncExitStack()
         try:
             self._fetcher = await stack.enter_async_context(MediaFetcher(self.config.fetch))

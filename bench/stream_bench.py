@@ -877,10 +877,12 @@ def measure_floor(wl: Workload, n: int) -> dict[str, Any]:
 
     from aiomm.config import EngineConfig
     from aiomm.decode import DEFAULT_MAX_PIXELS, decode_image, keep_pillow_blocks
+    from aiomm.memory import tune_malloc
     from aiomm.processing.image_ops import Backend, Resample, resize
 
-    # decode as the engine does: with Pillow's memory blocks kept for reuse
+    # decode as the engine does: Pillow's memory blocks kept for reuse, malloc tuned
     keep_pillow_blocks(EngineConfig(transform_threads=cores()).pillow_blocks_kept())
+    tune_malloc()
     hf = _hf_processor()
     resample = Resample(int(hf.image_processor.resample))
     reqs = wl.requests[:n]

@@ -1,0 +1,82 @@
+"""``aiomm.memory.tune_malloc``: applied once on glibc, skipped when the operator set malloc."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+
+from aiomm import memory
+from aiomm.config import EngineConfig
+from aiomm.engine import Engine
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> str:
+    import os
+
+    full = {**os.environ, **(env or {})}
+    if env is not None and "GLIBC_TUNABLES" not in env:
+        full.pop("GLIBC_TUNABLES", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=full
+    )
+    return out.stdout.strip().splitlines()[-1]  # after any log lines
+
+
+GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
+def test_applied_once_per_process_on_glibc() -> None:
+    code = (
+        "from aiomm.memory import tune_malloc; print(tune_malloc(), tune_malloc(mmap_threshold=1))"
+    )
+    assert run_python(code, env={}) == "True True"
+
+
+def test_operator_tunables_win() -> None:
+    code = "from aiomm.memory import tune_malloc; print(tune_malloc())"
+    env = {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1048576"}
+    assert run_python(code, env=env) == "False"
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main", "worker-thread"])
+def test_freed_image_buffers_are_reused_not_mapped_again(in_thread: bool) -> None:
+    """Buffers of 4-8 MiB, six at a time, as images of mixed sizes need: once tuned, later rounds
+    reuse the heap (glibc's defaults return the memory and fault it in again: ~30% of pages)."""
+    code = f"""
+import resource, threading, numpy as np
+from aiomm.memory import tune_malloc
+assert tune_malloc()
+def faults(): return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def work():
+    pages = 0
+    before = faults()
+    for i in range(20):
+        bufs = [np.ones((4 + (i + k) % 5) << 20, np.uint8) for k in range(6)]
+        pages += sum(b.nbytes for b in bufs) // 4096
+        del bufs
+    print((faults() - before) / pages)
+if {in_thread}:
+    t = threading.Thread(target=work); t.start(); t.join()
+else:
+    work()
+"""
+    assert float(run_python(code, env={})) < 0.1
+
+
+async def test_engine_applies_it_unless_configured_off(
+    monkeypatch: pytest.MonkeyPatch, make_processor
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr("aiomm.engine.tune_malloc", lambda: calls.append(1) or True)
+    async with Engine(make_processor(), EngineConfig(device="cpu", tune_malloc=False)):
+        pass
+    assert calls == []
+    async with Engine(make_processor(), EngineConfig(device="cpu")):
+        pass
+    assert calls == [1]
+    assert memory.DEFAULT_MMAP_THRESHOLD == 32 << 20
