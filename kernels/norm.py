@@ -216,14 +216,17 @@ class FusedMMInputNorm(nn.Module):
         out: torch.Tensor | None = None,
         layout: ChannelLayout | str = ChannelLayout.NCHW,
     ) -> torch.Tensor:
-        """Normalise ``x``: the Triton kernel for CUDA tensors, pure torch otherwise.
+        """Normalise ``x``: the Triton kernel for CUDA tensors; on the CPU the table path for
+        uint8 (:meth:`forward_table`, same bits) and pure torch otherwise.
 
         Arguments and errors are those of :meth:`forward_native`. More than
         ``MAX_KERNEL_CHANNELS`` channels run natively on any device.
         """
         if x.is_cuda and self.num_channels <= MAX_KERNEL_CHANNELS:
             return self.forward_cuda(x, visual_dtype, out, layout)
-        return self.forward_native(x, visual_dtype, out, layout)
+        if x.is_cuda:
+            return self.forward_native(x, visual_dtype, out, layout)
+        return self.forward_table(x, visual_dtype, out, layout)
 
     def forward_cuda(
         self,

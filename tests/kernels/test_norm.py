@@ -301,7 +301,9 @@ def test_non_contiguous_input_is_normalised_by_its_logical_layout(gen, device: s
         assert got.is_contiguous() and torch.equal(got, want), f"seed={seed} {fn.__name__}"
 
 
-def test_forward_dispatches_cpu_tensors_to_native(monkeypatch: pytest.MonkeyPatch, gen) -> None:
+def test_forward_dispatches_cpu_tensors_off_the_kernel(
+    monkeypatch: pytest.MonkeyPatch, gen
+) -> None:
     g, _ = gen
     norm = module()
 
@@ -315,6 +317,14 @@ def test_forward_dispatches_cpu_tensors_to_native(monkeypatch: pytest.MonkeyPatc
         norm(x.permute(0, 2, 3, 1), torch.float16, layout="NHWC"),
         norm.forward_native(x.permute(0, 2, 3, 1), torch.float16, layout=ChannelLayout.NHWC),
     )
+    tables: list[torch.dtype] = []
+    table = norm.forward_table
+    monkeypatch.setattr(
+        norm, "forward_table", lambda x, d, *a: tables.append(x.dtype) or table(x, d, *a)
+    )
+    norm(x, torch.bfloat16)
+    norm(x.float(), torch.bfloat16)
+    assert tables == [torch.uint8, torch.float32]  # the table path falls back for floats
 
 
 def test_layout_parse_and_channel_stride() -> None:
