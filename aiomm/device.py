@@ -1,10 +1,13 @@
 """The device stage: pixel values -> normalised ``visual_dtype`` on the engine's device.
 
-Input: a CPU tensor of pixel values (uint8 when ``mm_device_do_normalize`` is on, already
-normalised floats on the classic path) and the request's ``NormalizationParams`` (None on the
-classic path). Output: a contiguous ``visual_dtype`` tensor on the device, or the leading rows of a
-caller-provided batch-padded ``out``. Runs on the event loop; host copies, launches and every wait
-for the GPU run in worker threads.
+Input: a request's pixel values on the CPU, as one tensor or as its items' parts (uint8 when
+``mm_device_do_normalize`` is on, already normalised floats on the classic path), optionally
+compact rows to repeat (``repeat``), and the request's ``NormalizationParams`` (None on the
+classic path). The stage's one host copy merges the parts and repeats the rows. Output: a
+contiguous ``visual_dtype`` tensor on the device, or the leading rows of a caller-provided
+batch-padded ``out``. Runs on the event loop; host copies, launches and every wait for the GPU run
+in worker threads. Rows already on the stage's CUDA device (resized there) are merged and
+normalised there, with no host copy.
 
 On CUDA, per request:
 
