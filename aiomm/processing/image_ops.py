@@ -62,35 +62,6 @@ def _composite_on_white(image: PIL.Image.Image) -> PIL.Image.Image:
     return PIL.Image.alpha_composite(white, rgba).convert("RGB")
 
 
-def _raw_encoder_factory() -> Any:
-    # Pillow's own tobytes() uses this; it is not public API, so its absence is tolerated.
-    return getattr(PIL.Image, "_getencoder", None)
-
-
-def _rgb_pixels(image: PIL.Image.Image) -> np.ndarray:
-    """A read-only ``H x W x 3`` view of an RGB image's pixels, packed in one call.
-
-    ``np.asarray`` goes through ``Image.tobytes()``, which packs 64 KiB at a time (a Python
-    round-trip per chunk, under the GIL) and then joins the chunks (another copy): half the cost
-    of getting a decoded photo into numpy. Packing the whole image at once gives the same bytes.
-    Falls back to ``np.asarray`` if Pillow's raw encoder is not available as expected.
-    """
-    size = image.width * image.height * 3
-    getencoder = _raw_encoder_factory()
-    if getencoder is None or size == 0:
-        return np.asarray(image)
-    image.load()
-    encoder = getencoder("RGB", "raw", "RGB")
-    try:
-        encoder.setimage(image.im, (0, 0, image.width, image.height))
-        _, status, data = encoder.encode(size)
-    finally:
-        encoder.cleanup()
-    if status != 1 or len(data) != size:
-        return np.asarray(image)
-    return np.frombuffer(data, dtype=np.uint8).reshape(image.height, image.width, 3)
-
-
 def to_rgb_array(image: PIL.Image.Image | np.ndarray) -> np.ndarray:
     """Convert an image to an ``H x W x 3`` uint8 array the way HF's ``convert_to_rgb`` does.
 
@@ -103,9 +74,9 @@ def to_rgb_array(image: PIL.Image.Image | np.ndarray) -> np.ndarray:
     if isinstance(image, PIL.Image.Image):
         has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
         if has_alpha:
-            return _rgb_pixels(_composite_on_white(image))
+            return np.asarray(_composite_on_white(image))
         # convert() copies even when the mode already is RGB
-        return _rgb_pixels(image if image.mode == "RGB" else image.convert("RGB"))
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     array = np.asarray(image)
     if array.dtype != np.uint8:
         raise ProcessingError(f"image arrays must be uint8, got {array.dtype}")

@@ -6,7 +6,6 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from aiomm.processing import image_ops
 from aiomm.processing.image_ops import as_tensor_view, to_rgb_array
 
 
@@ -21,7 +20,6 @@ def photo(width: int, height: int, mode: str = "RGB", seed: int = 0) -> PIL.Imag
     ("width", "height"), [(1, 1), (3, 2), (640, 480), (17_000, 3), (5, 4_000), (1_999, 1_001)]
 )
 def test_rgb_pixels_equal_numpy_view(width: int, height: int) -> None:
-    """One packing call: the same bytes as ``np.asarray`` (``tobytes``'s 64 KiB chunks)."""
     image = photo(width, height, seed=width)
     out = to_rgb_array(image)
     assert out.shape == (height, width, 3) and out.flags.c_contiguous
@@ -34,9 +32,3 @@ def test_other_modes_convert_like_pillow(mode: str) -> None:
     image = photo(37, 23, "RGB", seed=3).convert(mode)
     # (RGBA here is opaque: compositing on white leaves the pixels as they are)
     assert np.array_equal(to_rgb_array(image), np.asarray(image.convert("RGB")))
-
-
-def test_falls_back_without_pillows_raw_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
-    image = photo(64, 48, seed=5)
-    monkeypatch.setattr(image_ops, "_raw_encoder_factory", lambda: None)
-    assert np.array_equal(image_ops.to_rgb_array(image), np.asarray(image))
