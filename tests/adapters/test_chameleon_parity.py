@@ -12,17 +12,16 @@ both transforms return HF's float output exactly.
 
 from __future__ import annotations
 
-import functools
-import os
 import random
-import time
 from typing import Any
 
 import numpy as np
+import parity
 import pytest
 import torch
+from parity import SEED, rel_err
 
-from aiomm.adapters import build_processor, get_adapter_info, supported_adapters
+from aiomm.adapters import build_processor, supported_adapters
 from aiomm.errors import ItemCountMismatchError
 from aiomm.processing.processor import MultiModalConfig
 from aiomm.samples import photo_like
@@ -30,7 +29,6 @@ from aiomm.samples import photo_like
 BACKENDS = ("torchvision", "pil")
 NAME = "chameleon"
 
-SEED = int(os.environ.get("AIOMM_TEST_SEED", time.time_ns() % 2**32))
 
 # Every image is resized to a 512 shortest edge (Lanczos) before the crop, so thin images become
 # very large: keep the aspect ratios moderate.
@@ -38,9 +36,8 @@ SIZES = [(1, 1), (3, 5), (28, 28), (57, 33), (240, 320), (333, 500), (480, 640),
          (513, 700), (700, 200), (90, 300), (1080, 1920)]  # fmt: skip
 
 
-@functools.cache
 def hf_processor(backend: str) -> Any:
-    return get_adapter_info(NAME).build_hf_processor(backend=backend)
+    return parity.hf_processor(NAME, backend)
 
 
 def draw_size(rng: random.Random) -> tuple[int, int]:
@@ -51,11 +48,6 @@ def draw_size(rng: random.Random) -> tuple[int, int]:
 
 
 PROMPT = "user describe the image <image> what is in this picture assistant"
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.double(), b.double()
-    return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
 
 
 def check_case(backend: str, case_seed: int, size: tuple[int, int] | None = None) -> None:

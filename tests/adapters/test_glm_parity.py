@@ -10,15 +10,14 @@ relative error under 1e-6.
 
 from __future__ import annotations
 
-import functools
-import os
 import random
-import time
 from typing import Any
 
 import numpy as np
+import parity
 import pytest
 import torch
+from parity import SEED, hf_processor, rel_err
 
 from aiomm.adapters import build_processor, get_adapter_info, supported_adapters
 from aiomm.errors import ItemCountMismatchError, ProcessingError, ProcessorKwargsError
@@ -29,13 +28,6 @@ GLM_FAMILY = ("glm-4v", "glm-ocr", "glm-5-next")
 BACKENDS = ("torchvision", "pil")
 PLACEHOLDER = "<|begin_of_image|><|image|><|end_of_image|>"
 
-SEED = int(os.environ.get("AIOMM_TEST_SEED", time.time_ns() % 2**32))
-
-
-@functools.cache
-def hf_processor(name: str, backend: str) -> Any:
-    return get_adapter_info(name).build_hf_processor(backend=backend)
-
 
 SIZES_SMALL = [(1, 1), (3, 5), (28, 28), (57, 33), (1, 150), (150, 1), (199, 3), (240, 320),
                (333, 500), (480, 640), (700, 20), (27, 29)]  # fmt: skip
@@ -44,23 +36,11 @@ SIZES_LARGE = [(1080, 1920), (1536, 2048)]
 
 def draw_sizes(rng: random.Random, count: int, *, large: bool) -> list[tuple[int, int]]:
     pool = SIZES_SMALL + (SIZES_LARGE if large else [])
-    sizes = [rng.choice(pool) for _ in range(count)]
-    # and a fresh random size each run (GLM-4V rejects aspect ratios above 200)
-    sizes[rng.randrange(count)] = (rng.randint(1, 900), rng.randint(1, 900))
-    return [s if max(s) / min(s) <= 150 else (s[0], s[0]) for s in sizes]
+    return parity.draw_sizes(rng, count, pool, max_aspect=150)  # GLM rejects ratios above 200
 
 
 def prompt_text(n_images: int) -> str:
-    parts = ["<|user|> describe the image"]
-    for i in range(n_images):
-        parts.append(f"{['first', 'second', 'third', 'fourth'][i]} {PLACEHOLDER}")
-    parts.append("what is in this picture <|assistant|>")
-    return " ".join(parts)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.double(), b.double()
-    return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
+    return parity.prompt_text(n_images, PLACEHOLDER, start="<|user|>", end="<|assistant|>")
 
 
 def hf_reference(

@@ -12,15 +12,14 @@ equal its float output to a norm-wise relative error under 1e-6.
 
 from __future__ import annotations
 
-import functools
-import os
 import random
-import time
 from typing import Any
 
 import numpy as np
+import parity
 import pytest
 import torch
+from parity import SEED, hf_processor, rel_err
 
 from aiomm.adapters import build_processor, get_adapter_info, supported_adapters
 from aiomm.errors import UnknownArchitectureError
@@ -34,12 +33,6 @@ ARCHITECTURES = {
 }
 BACKENDS = ("torchvision", "pil")
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
-SEED = int(os.environ.get("AIOMM_TEST_SEED", time.time_ns() % 2**32))
-
-
-@functools.cache
-def hf_processor(name: str, backend: str) -> Any:
-    return get_adapter_info(name).build_hf_processor(backend=backend)
 
 
 SIZES = [(1, 1), (3, 5), (32, 32), (57, 33), (1, 150), (150, 1), (199, 3), (240, 320),
@@ -48,24 +41,13 @@ SIZES_LARGE = [(1080, 1920), (1536, 2048)]
 
 
 def draw_sizes(rng: random.Random, count: int, *, large: bool) -> list[tuple[int, int]]:
-    pool = SIZES + (SIZES_LARGE if large else [])
-    sizes = [rng.choice(pool) for _ in range(count)]
-    sizes[rng.randrange(count)] = (rng.randint(1, 900), rng.randint(1, 900))
     # Qwen-VL's smart_resize rejects aspect ratios above 200
-    return [s if max(s) / min(s) <= 200 else (s[0], s[0]) for s in sizes]
+    return parity.draw_sizes(rng, count, SIZES + (SIZES_LARGE if large else []), max_aspect=200)
 
 
 def prompt_text(n_images: int) -> str:
-    parts = ["<|im_start|>user describe the image"]
-    for i in range(n_images):
-        parts.append(f"{['first', 'second', 'third', 'fourth'][i]} {PLACEHOLDER}")
-    parts.append("what is in this picture <|im_end|> <|im_start|>assistant")
-    return " ".join(parts)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.double(), b.double()
-    return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
+    start, end = "<|im_start|>user", "<|im_end|> <|im_start|>assistant"
+    return parity.prompt_text(n_images, PLACEHOLDER, start=start, end=end)
 
 
 def reference(proc: Any, text: str, images: list[Any], uint8: bool) -> Any:

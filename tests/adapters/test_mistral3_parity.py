@@ -12,17 +12,16 @@ which the model crops away with ``image_sizes``: compared inside each image).
 
 from __future__ import annotations
 
-import functools
-import os
 import random
-import time
 from typing import Any
 
 import numpy as np
+import parity
 import pytest
 import torch
+from parity import SEED, rel_err
 
-from aiomm.adapters import build_processor, get_adapter_info, supported_adapters
+from aiomm.adapters import build_processor, supported_adapters
 from aiomm.errors import ItemCountMismatchError, ProcessorKwargsError
 from aiomm.processing.fields import merge_items
 from aiomm.processing.processor import MultiModalConfig
@@ -31,12 +30,9 @@ from aiomm.samples import photo_like
 BACKENDS = ("torchvision", "pil")
 NAME = "mistral3"
 
-SEED = int(os.environ.get("AIOMM_TEST_SEED", time.time_ns() % 2**32))
 
-
-@functools.cache
 def hf_processor(backend: str) -> Any:
-    return get_adapter_info(NAME).build_hf_processor(backend=backend)
+    return parity.hf_processor(NAME, backend)
 
 
 SIZES_SMALL = [(1, 1), (3, 5), (28, 28), (29, 27), (57, 33), (1, 150), (150, 1), (199, 3),
@@ -45,23 +41,11 @@ SIZES_LARGE = [(1080, 1920), (1536, 2048), (1600, 900)]
 
 
 def draw_sizes(rng: random.Random, count: int, *, large: bool) -> list[tuple[int, int]]:
-    pool = SIZES_SMALL + (SIZES_LARGE if large else [])
-    sizes = [rng.choice(pool) for _ in range(count)]
-    sizes[rng.randrange(count)] = (rng.randint(1, 900), rng.randint(1, 900))
-    return sizes
+    return parity.draw_sizes(rng, count, SIZES_SMALL + (SIZES_LARGE if large else []))
 
 
 def prompt_text(n_images: int) -> str:
-    parts = ["[INST] describe the image"]
-    for i in range(n_images):
-        parts.append(f"{['first', 'second', 'third', 'fourth'][i]} [IMG]")
-    parts.append("what is in this picture [/INST]")
-    return " ".join(parts)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.double(), b.double()
-    return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
+    return parity.prompt_text(n_images, "[IMG]", start="[INST]", end="[/INST]")
 
 
 def hf_reference(proc: Any, text: str, images: list[Any], uint8: bool) -> dict[str, Any]:

@@ -11,16 +11,16 @@ images (the seed is printed on failure) of many sizes and aspect ratios, 1 to 4 
 from __future__ import annotations
 
 import functools
-import os
 import random
-import time
 from typing import Any
 
 import numpy as np
+import parity
 import PIL.Image
 import pytest
 import torch
 import torchvision.transforms as T
+from parity import SEED, rel_err
 
 from aiomm.adapters import build_processor, get_adapter_info, supported_adapters
 from aiomm.errors import ProcessorKwargsError, UnknownArchitectureError
@@ -32,7 +32,6 @@ ARCHITECTURES = {
     "llama-nemotron-vl-embed": "LlamaNemotronVLForEmbedding",
     "llama-nemotron-vl-rerank": "LlamaNemotronVLForSequenceClassification",
 }
-SEED = int(os.environ.get("AIOMM_TEST_SEED", time.time_ns() % 2**32))
 
 # The published parameters (model cards / vLLM): 512 px tiles, SigLIP patch 16, pixel-shuffle 0.5.
 TILE, TOKENS_PER_TILE = 512, (512 // 16) ** 2 // 4
@@ -121,22 +120,12 @@ SIZES_LARGE = [(1080, 1920), (1536, 2048), (2339, 1654)]
 
 def draw_sizes(rng: random.Random, count: int, *, large: bool) -> list[tuple[int, int]]:
     pool = SIZES + (SIZES_LARGE if large else [])
-    sizes = [rng.choice(pool) for _ in range(count)]
-    sizes[rng.randrange(count)] = (rng.randint(1, 1400), rng.randint(1, 1400))
-    return sizes
+    return parity.draw_sizes(rng, count, pool, random_side=1400)
 
 
 def prompt_text(n_images: int) -> str:
-    parts = ["<|start_header_id|>user<|end_header_id|> describe the image"]
-    for i in range(n_images):
-        parts.append(f"{['first', 'second', 'third', 'fourth'][i]} <image>")
-    parts.append("what is in this picture <|eot_id|>")
-    return " ".join(parts)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.double(), b.double()
-    return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
+    start, end = "<|start_header_id|>user<|end_header_id|>", "<|eot_id|>"
+    return parity.prompt_text(n_images, "<image>", start=start, end=end)
 
 
 def check_case(name: str, n_images: int, case_seed: int, *, large: bool) -> None:

@@ -10,17 +10,16 @@ float output to a norm-wise relative error under 1e-6.
 
 from __future__ import annotations
 
-import functools
-import os
 import random
-import time
 from typing import Any
 
 import numpy as np
+import parity
 import pytest
 import torch
+from parity import SEED, hf_processor, rel_err
 
-from aiomm.adapters import build_processor, get_adapter_info
+from aiomm.adapters import build_processor
 from aiomm.processing.processor import MultiModalConfig
 from aiomm.samples import photo_like
 
@@ -28,13 +27,6 @@ QWEN_FAMILY = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe", "qwen3.5", 
                "qwen4-exp")  # fmt: skip
 BACKENDS = ("torchvision", "pil")
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
-
-SEED = int(os.environ.get("AIOMM_TEST_SEED", time.time_ns() % 2**32))
-
-
-@functools.cache
-def hf_processor(name: str, backend: str) -> Any:
-    return get_adapter_info(name).build_hf_processor(backend=backend)
 
 
 SIZES_SMALL = [(1, 1), (3, 5), (28, 28), (57, 33), (1, 150), (150, 1), (199, 3), (240, 320),
@@ -44,23 +36,12 @@ SIZES_LARGE = [(1080, 1920), (1536, 2048)]
 
 def draw_sizes(rng: random.Random, count: int, *, large: bool) -> list[tuple[int, int]]:
     pool = SIZES_SMALL + (SIZES_LARGE if large else [])
-    sizes = [rng.choice(pool) for _ in range(count)]
-    # and a fresh random size each run
-    sizes[rng.randrange(count)] = (rng.randint(1, 900), rng.randint(1, 900))
-    return [s if max(s) / min(s) <= 200 else (s[0], s[0]) for s in sizes]
+    return parity.draw_sizes(rng, count, pool, max_aspect=200)
 
 
 def prompt_text(n_images: int) -> str:
-    parts = ["<|im_start|>user describe the image"]
-    for i in range(n_images):
-        parts.append(f"{['first', 'second', 'third', 'fourth'][i]} {PLACEHOLDER}")
-    parts.append("what is in this picture <|im_end|> <|im_start|>assistant")
-    return " ".join(parts)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a64, b64 = a.double(), b.double()
-    return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
+    start, end = "<|im_start|>user", "<|im_end|> <|im_start|>assistant"
+    return parity.prompt_text(n_images, PLACEHOLDER, start=start, end=end)
 
 
 def hf_reference(proc: Any, text: str, images: list[Any], uint8: bool) -> dict[str, Any]:
