@@ -24,6 +24,8 @@ from torch import nn
 
 from aiomm.errors import KernelInputError, LayoutError, OutputBufferError, UnsupportedDtypeError
 
+from ._enums import parse_member
+
 __all__ = (
     "INPUT_DTYPES",
     "MAX_KERNEL_CHANNELS",
@@ -56,15 +58,7 @@ class ChannelLayout(enum.Enum):
 
         :raises LayoutError: for an unknown name or a value of another type.
         """
-        if isinstance(layout, ChannelLayout):
-            return layout
-        if isinstance(layout, str):
-            try:
-                return cls(layout.lower())
-            except ValueError:
-                pass
-        names = ", ".join(repr(m.value) for m in cls)
-        raise LayoutError(f"unknown channel layout {layout!r}; expected a ChannelLayout or {names}")
+        return parse_member(cls, layout, LayoutError, "channel layout")
 
     def channel_stride(self, shape: Sequence[int], num_channels: int) -> int:
         """The number of consecutive elements that share a channel, for a tensor of ``shape``.

@@ -32,6 +32,8 @@ import torch
 
 from aiomm.errors import KernelInputError, LayoutError, UnsupportedDtypeError
 
+from ._enums import parse_member
+
 __all__ = (
     "ImageLayout",
     "ResampleVariant",
@@ -64,15 +66,7 @@ class ResampleVariant(enum.Enum):
 
         :raises KernelInputError: for an unknown name or a value of another type.
         """
-        if isinstance(variant, ResampleVariant):
-            return variant
-        if isinstance(variant, str):
-            try:
-                return cls(variant.lower())
-            except ValueError:
-                pass
-        names = ", ".join(repr(m.value) for m in cls)
-        raise KernelInputError(f"unknown resample variant {variant!r}; expected one of {names}")
+        return parse_member(cls, variant, KernelInputError, "resample variant")
 
 
 class ImageLayout(enum.Enum):
@@ -87,14 +81,7 @@ class ImageLayout(enum.Enum):
 
         :raises LayoutError: for an unknown name or a value of another type.
         """
-        if isinstance(layout, ImageLayout):
-            return layout
-        if isinstance(layout, str):
-            try:
-                return cls(layout.lower())
-            except ValueError:
-                pass
-        raise LayoutError(f"unknown image layout {layout!r}; expected 'hwc' or 'chw'")
+        return parse_member(cls, layout, LayoutError, "image layout")
 
     @property
     def spatial_dims(self) -> tuple[int, int]:
