@@ -220,9 +220,6 @@ class QwenVLProcessor(BaseMultiModalProcessor):
         rows = patchify(
             chw, patch_size=params.patch_size, merge_size=params.merge_size, temporal_patch_size=1
         )
-        if rows.is_cuda:
-            # rows made on the device are complete before any other stream reads them
-            torch.cuda.current_stream(rows.device).synchronize()
         return rows, [1, height // params.patch_size, width // params.patch_size]
 
     def _resize_on_device(

@@ -327,7 +327,7 @@ class DeviceStage:
         consumer: torch.cuda.Stream,
     ) -> _Done:
         """Rows already on the device (resized there): merge + normalise on the caller's
-        stream, no host copy. The transform synchronised its stream, so the rows are complete."""
+        stream, no host copy. The engine's transform synchronised its stream: they are complete."""
         module = None if params is None else self._module(params)
         with torch.cuda.stream(consumer):
             dst = _output(x, self.dtype, out)

@@ -538,6 +538,10 @@ class Engine:
         image = load()
         processor = self._thread_processor()
         out = processor.process_items({"image": [image]}, kwargs)
+        device = processor.resize_device
+        if device is not None and device.type == "cuda":
+            # Items made on the device are cached and read from other streams: complete them first.
+            torch.cuda.current_stream(device).synchronize()
         return out["image"][0]
 
     def _thread_processor(self) -> BaseMultiModalProcessor:

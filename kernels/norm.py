@@ -218,9 +218,7 @@ class FusedMMInputNorm(nn.Module):
         """
         if x.is_cuda and self.num_channels <= MAX_KERNEL_CHANNELS:
             return self.forward_cuda(x, visual_dtype, out, layout)
-        if x.is_cuda:
-            return self.forward_native(x, visual_dtype, out, layout)
-        return self.forward_table(x, visual_dtype, out, layout)
+        return self.forward_table(x, visual_dtype, out, layout)  # native for all but CPU uint8
 
     def forward_cuda(
         self,
