@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import as_floats
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import AdapterInfo, register
@@ -37,8 +38,8 @@ from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-from aiomm.processing.image_ops import Backend, Resample, hf_backend_normalize, resize, to_rgb_array
-from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
+from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
+from aiomm.processing.processor import BaseMultiModalProcessor
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 __all__ = ("ChameleonMultiModalProcessor", "center_crop", "shortest_edge_size")
@@ -114,8 +115,10 @@ def _resize(
     return resize(image, height, width, resample, backend)
 
 
-class ChameleonMultiModalProcessor(BaseMultiModalProcessor):
+class ChameleonMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of Chameleon (``ChameleonProcessor``), images."""
+
+    pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.NCHW
 
     supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
@@ -183,12 +186,6 @@ class ChameleonMultiModalProcessor(BaseMultiModalProcessor):
         kind, a, b = params.size
         return shortest_edge_size(height, width, a) if kind == "shortest_edge" else (a, b)
 
-    def _cpu_normalize(self, chw: torch.Tensor, params: _TransformParams) -> torch.Tensor:
-        return hf_backend_normalize(
-            self.image_processor, self.backend, chw,
-            params.rescale_factor, params.image_mean, params.image_std,
-        )  # fmt: skip
-
     def transform_image(self, image: Any, params: _TransformParams) -> torch.Tensor:
         """One image -> its ``[C, H, W]`` pixels (uint8, or normalised on the classic path)."""
         rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
@@ -234,10 +231,6 @@ class ChameleonMultiModalProcessor(BaseMultiModalProcessor):
         ]
         content = PromptUpdateDetails.select_token_id(tokens, self.image_token_id)
         return [PromptReplacement("image", [self.image_token_id], content)]
-
-    def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
-        p = self._resolve_params(hf_kwargs)
-        return NormalizationParams(p.rescale_factor, p.image_mean, p.image_std, ChannelLayout.NCHW)
 
 
 # -------------------------------------------------------------------------- offline builder

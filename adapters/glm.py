@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import as_floats, size_edges
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.qwen_vl import grid_fields_config, grid_outputs
@@ -45,12 +46,11 @@ from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
     Backend,
     Resample,
-    hf_backend_normalize,
     patchify,
     resize,
     to_rgb_array,
 )
-from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
+from aiomm.processing.processor import BaseMultiModalProcessor
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 __all__ = (
@@ -186,8 +186,10 @@ class _TransformParams:
     patch_expand_factor: int = 1
 
 
-class GlmVMultiModalProcessor(BaseMultiModalProcessor):
+class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of GLM-4V (``Glm4vProcessor``) and GLM-OCR (``Glm46VProcessor``), images."""
+
+    pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.PATCHES
 
     supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
@@ -268,12 +270,6 @@ class GlmVMultiModalProcessor(BaseMultiModalProcessor):
         )
         return target, target
 
-    def _cpu_normalize(self, chw: torch.Tensor, params: _TransformParams) -> torch.Tensor:
-        return hf_backend_normalize(
-            self.image_processor, self.backend, chw,
-            params.rescale_factor, params.image_mean, params.image_std,
-        )  # fmt: skip
-
     def transform_image(
         self, image: Any, params: _TransformParams
     ) -> tuple[torch.Tensor, list[int]]:
@@ -328,12 +324,6 @@ class GlmVMultiModalProcessor(BaseMultiModalProcessor):
             return PromptUpdateDetails.from_seq([token] * self.num_image_tokens(items[i]))
 
         return [PromptReplacement("image", [token], replacement)]
-
-    def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
-        p = self._resolve_params(hf_kwargs)
-        return NormalizationParams(
-            p.rescale_factor, p.image_mean, p.image_std, ChannelLayout.PATCHES
-        )
 
 
 class Glm5NextMultiModalProcessor(GlmVMultiModalProcessor):

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import as_floats
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import AdapterInfo, register
@@ -38,10 +39,9 @@ from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-from aiomm.processing.image_ops import Backend, Resample, hf_backend_normalize, resize, to_rgb_array
+from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
 from aiomm.processing.processor import (
     BaseMultiModalProcessor,
-    NormalizationParams,
     check_uint8_exact,
 )
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
@@ -136,8 +136,10 @@ class _TransformParams:
     image_std: tuple[float, ...]
 
 
-class Mistral3MultiModalProcessor(BaseMultiModalProcessor):
+class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of Mistral 3 (``PixtralProcessor``), images."""
+
+    pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.NCHW
 
     supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
@@ -202,12 +204,6 @@ class Mistral3MultiModalProcessor(BaseMultiModalProcessor):
             max_width=params.max_width,
             patch_size=params.patch_size,
         )
-
-    def _cpu_normalize(self, chw: torch.Tensor, params: _TransformParams) -> torch.Tensor:
-        return hf_backend_normalize(
-            self.image_processor, self.backend, chw,
-            params.rescale_factor, params.image_mean, params.image_std,
-        )  # fmt: skip
 
     def transform_image(self, image: Any, params: _TransformParams) -> torch.Tensor:
         """One image -> its ``[C, h, w]`` pixels (uint8, or normalised on the classic path)."""
@@ -278,10 +274,6 @@ class Mistral3MultiModalProcessor(BaseMultiModalProcessor):
             )
 
         return [PromptReplacement("image", [self.image_token_id], replacement)]
-
-    def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
-        p = self._resolve_params(hf_kwargs)
-        return NormalizationParams(p.rescale_factor, p.image_mean, p.image_std, ChannelLayout.NCHW)
 
 
 # -------------------------------------------------------------------------- offline builder

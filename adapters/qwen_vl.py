@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import as_floats, size_edges
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import AdapterInfo, register
@@ -33,7 +34,6 @@ from aiomm.processing.image_ops import (
     Backend,
     Resample,
     as_tensor_view,
-    hf_backend_normalize,
     patchify,
     resize,
     to_rgb_array,
@@ -121,8 +121,10 @@ class _TransformParams:
     image_std: tuple[float, ...]
 
 
-class QwenVLProcessor(BaseMultiModalProcessor):
+class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of every Qwen-VL family architecture (images)."""
+
+    pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.PATCHES
 
     supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
@@ -191,12 +193,6 @@ class QwenVLProcessor(BaseMultiModalProcessor):
             min_pixels=params.min_pixels,
             max_pixels=params.max_pixels,
         )
-
-    def _cpu_normalize(self, chw: torch.Tensor, params: _TransformParams) -> torch.Tensor:
-        return hf_backend_normalize(
-            self.image_processor, self.backend, chw,
-            params.rescale_factor, params.image_mean, params.image_std,
-        )  # fmt: skip
 
     def transform_image(
         self, image: Any, params: _TransformParams
@@ -275,12 +271,6 @@ class QwenVLProcessor(BaseMultiModalProcessor):
             )
 
         return [PromptReplacement("image", [token], replacement)]
-
-    def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
-        p = self._resolve_params(hf_kwargs)
-        return NormalizationParams(
-            p.rescale_factor, p.image_mean, p.image_std, ChannelLayout.PATCHES
-        )
 
 
 # -------------------------------------------------------------------------- offline builders

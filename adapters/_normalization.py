@@ -1,0 +1,41 @@
+"""Normalisation shared by the adapters whose transform parameters carry ``rescale_factor``,
+``image_mean`` and ``image_std`` (read per request against the image processor's defaults)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from aiomm.kernels import ChannelLayout
+from aiomm.processing.image_ops import Backend, hf_backend_normalize
+from aiomm.processing.processor import NormalizationParams
+
+__all__ = ("BackendNormalization",)
+
+
+class BackendNormalization:
+    """Mixin (listed before ``BaseMultiModalProcessor``): the classic path's CPU normalisation
+    through the HF backend's own operations, and the device path's ``NormalizationParams``.
+
+    The adapter provides ``image_processor``, ``backend``, ``_resolve_params(hf_kwargs)`` and the
+    layout its ``pixel_values`` have when they reach the device.
+    """
+
+    image_processor: Any
+    backend: Backend
+    pixel_layout: ClassVar[ChannelLayout]
+
+    def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _cpu_normalize(self, chw: torch.Tensor, params: Any) -> torch.Tensor:
+        return hf_backend_normalize(
+            self.image_processor, self.backend, chw,
+            params.rescale_factor, params.image_mean, params.image_std,
+        )  # fmt: skip
+
+    def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
+        p = self._resolve_params(hf_kwargs)
+        return NormalizationParams(p.rescale_factor, p.image_mean, p.image_std, self.pixel_layout)
