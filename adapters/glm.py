@@ -46,6 +46,7 @@ from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
     Backend,
     Resample,
+    backend_of,
     patchify,
     resize,
     to_rgb_array,
@@ -200,12 +201,8 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
-        from transformers.image_processing_backends import PilBackend
-
         self.image_processor = hf_processor.image_processor
-        self.backend = (
-            Backend.PIL if isinstance(self.image_processor, PilBackend) else Backend.TORCHVISION
-        )
+        self.backend = backend_of(self.image_processor)
         self.image_token_id: int = int(hf_processor.image_token_id)
 
     # kwargs ---------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
+from aiomm.processing.image_ops import Resample, backend_of, resize, to_rgb_array
 from aiomm.processing.processor import (
     BaseMultiModalProcessor,
     check_uint8_exact,
@@ -149,12 +149,8 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
-        from transformers.image_processing_backends import PilBackend
-
         self.image_processor = hf_processor.image_processor
-        self.backend = (
-            Backend.PIL if isinstance(self.image_processor, PilBackend) else Backend.TORCHVISION
-        )
+        self.backend = backend_of(self.image_processor)
         self.image_token_id = int(hf_processor.image_token_id)
         self.image_break_token_id = int(hf_processor.image_break_token_id)
         self.image_end_token_id = int(hf_processor.image_end_token_id)

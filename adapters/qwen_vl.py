@@ -34,6 +34,7 @@ from aiomm.processing.image_ops import (
     Backend,
     Resample,
     as_tensor_view,
+    backend_of,
     patchify,
     resize,
     to_rgb_array,
@@ -136,12 +137,8 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
-        from transformers.image_processing_backends import PilBackend
-
         self.image_processor = hf_processor.image_processor
-        self.backend = (
-            Backend.PIL if isinstance(self.image_processor, PilBackend) else Backend.TORCHVISION
-        )
+        self.backend = backend_of(self.image_processor)
         self.image_token_id: int = int(hf_processor.image_token_id)
 
     # kwargs ---------------------------------------------------------------------------------

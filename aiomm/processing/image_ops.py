@@ -26,6 +26,7 @@ __all__ = (
     "Backend",
     "Resample",
     "as_tensor_view",
+    "backend_of",
     "hf_backend_normalize",
     "patchify",
     "resize",
@@ -38,6 +39,13 @@ class Backend(enum.Enum):
 
     PIL = "pil"
     TORCHVISION = "torchvision"
+
+
+def backend_of(image_processor: Any) -> Backend:
+    """The backend an HF image processor runs on (``*Pil`` classes: PIL; else torchvision)."""
+    from transformers.image_processing_backends import PilBackend
+
+    return Backend.PIL if isinstance(image_processor, PilBackend) else Backend.TORCHVISION
 
 
 class Resample(enum.IntEnum):
