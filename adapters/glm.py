@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import as_floats, size_edges
 from aiomm.adapters.offline import build_tokenizer
-from aiomm.adapters.qwen_vl import grid_fields_config, grid_outputs
+from aiomm.adapters.qwen_vl import grid_fields_config, grid_outputs, grid_prompt_updates
 from aiomm.adapters.registry import AdapterInfo, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
@@ -52,7 +52,7 @@ from aiomm.processing.image_ops import (
     to_rgb_array,
 )
 from aiomm.processing.processor import BaseMultiModalProcessor
-from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
+from aiomm.processing.prompt_updates import PromptUpdate
 
 __all__ = (
     "Glm5NextMultiModalProcessor",
@@ -314,13 +314,8 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         hf_kwargs: Mapping[str, Any],
         mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
     ) -> list[PromptUpdate]:
-        token = self.image_token_id
         items = mm_kwargs.get("image", [])
-
-        def replacement(i: int) -> PromptUpdateDetails:
-            return PromptUpdateDetails.from_seq([token] * self.num_image_tokens(items[i]))
-
-        return [PromptReplacement("image", [token], replacement)]
+        return grid_prompt_updates(self.image_token_id, lambda i: self.num_image_tokens(items[i]))
 
 
 class Glm5NextMultiModalProcessor(GlmVMultiModalProcessor):

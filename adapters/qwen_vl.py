@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -42,7 +42,13 @@ from aiomm.processing.image_ops import (
 from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
-__all__ = ("QwenVLProcessor", "grid_fields_config", "grid_outputs", "smart_resize")
+__all__ = (
+    "QwenVLProcessor",
+    "grid_fields_config",
+    "grid_outputs",
+    "grid_prompt_updates",
+    "smart_resize",
+)
 
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -89,6 +95,15 @@ def grid_outputs(transformed: list[tuple[torch.Tensor, list[int]]]) -> dict[str,
         "pixel_values": rows[0] if len(rows) == 1 else torch.cat(rows),
         "image_grid_thw": torch.tensor([g for _, g in transformed], dtype=torch.long),
     }
+
+
+def grid_prompt_updates(token: int, tokens_of: Callable[[int], int]) -> list[PromptUpdate]:
+    """Image ``i``'s placeholder token becomes ``tokens_of(i)`` copies of itself."""
+
+    def replacement(i: int) -> PromptUpdateDetails:
+        return PromptUpdateDetails.from_seq([token] * tokens_of(i))
+
+    return [PromptReplacement("image", [token], replacement)]
 
 
 def grid_fields_config(
@@ -259,15 +274,10 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         hf_kwargs: Mapping[str, Any],
         mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
     ) -> list[PromptUpdate]:
-        token = self.image_token_id
         items = mm_kwargs.get("image", [])
-
-        def replacement(i: int) -> PromptUpdateDetails:
-            return PromptUpdateDetails.from_seq(
-                [token] * self.num_image_tokens(items[i], hf_kwargs)
-            )
-
-        return [PromptReplacement("image", [token], replacement)]
+        return grid_prompt_updates(
+            self.image_token_id, lambda i: self.num_image_tokens(items[i], hf_kwargs)
+        )
 
 
 # -------------------------------------------------------------------------- offline builders
