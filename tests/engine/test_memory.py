@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import ctypes
-import subprocess
 import sys
 
 import pytest
+from fresh_python import run_python
 
 from aiomm import memory
 from aiomm.config import EngineConfig
 from aiomm.engine import Engine
 
 
-def run_python(code: str, env: dict[str, str] | None = None) -> str:
-    import os
-
-    full = {**os.environ, **(env or {})}
-    if env is not None and "GLIBC_TUNABLES" not in env:
-        full.pop("GLIBC_TUNABLES", None)
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=full
-    )
-    return out.stdout.strip().splitlines()[-1]  # after any log lines
+def last_line(code: str, env: dict[str, str] | None = None) -> str:
+    """What ``code`` printed last (after any log lines), run without our malloc settings."""
+    out = run_python(code, unset=("GLIBC_TUNABLES",), env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
 
 
 GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
@@ -33,13 +28,13 @@ def test_applied_once_per_process_on_glibc() -> None:
     code = (
         "from aiomm.memory import tune_malloc; print(tune_malloc(), tune_malloc(mmap_threshold=1))"
     )
-    assert run_python(code, env={}) == "True True"
+    assert last_line(code) == "True True"
 
 
 def test_operator_tunables_win() -> None:
     code = "from aiomm.memory import tune_malloc; print(tune_malloc())"
     env = {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1048576"}
-    assert run_python(code, env=env) == "False"
+    assert last_line(code, env=env) == "False"
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
@@ -65,7 +60,7 @@ if {in_thread}:
 else:
     work()
 """
-    assert float(run_python(code, env={})) < 0.1
+    assert float(last_line(code)) < 0.1
 
 
 async def test_engine_applies_it_unless_configured_off(

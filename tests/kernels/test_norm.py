@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import torch
+from fresh_python import run_python
 
 from aiomm.errors import KernelInputError, LayoutError, OutputBufferError, UnsupportedDtypeError
 from aiomm.kernels import ChannelLayout, FusedMMInputNorm, fused_mm_input_norm_triton
@@ -442,9 +443,6 @@ def test_weight_and_bias_errors(device: str) -> None:
 
 
 def test_kernel_rejects_cpu_tensors_without_interpreter() -> None:
-    import subprocess
-    import sys
-
     code = (
         "import torch\n"
         "from aiomm.errors import KernelInputError\n"
@@ -455,8 +453,5 @@ def test_kernel_rejects_cpu_tensors_without_interpreter() -> None:
         "except KernelInputError as e:\n"
         "    print('rejected:', e)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
+    out = run_python(code, unset=("TRITON_INTERPRET",))
     assert "rejected:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stderr[-2000:]

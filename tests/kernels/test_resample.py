@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -23,6 +21,7 @@ import PIL.Image
 import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
+from fresh_python import run_python
 from torchvision.transforms import InterpolationMode
 
 from aiomm.errors import KernelInputError, LayoutError, UnsupportedDtypeError
@@ -405,8 +404,5 @@ def test_triton_rejects_cpu_tensors_without_interpreter() -> None:
         "except KernelInputError as e:\n"
         "    print('rejected:', e)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
+    out = run_python(code, unset=("TRITON_INTERPRET",))
     assert "rejected:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stderr[-2000:]
