@@ -13,7 +13,6 @@ times), grouped by ``merge_size**2`` windows. Each ``<|image_pad|>`` becomes
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from aiomm.processing.image_ops import (
     resize,
     to_rgb_array,
 )
-from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
+from aiomm.processing.processor import BaseMultiModalProcessor
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 __all__ = (
@@ -79,11 +78,6 @@ def smart_resize(
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
-
-
-@functools.lru_cache(maxsize=64)
-def _norm_module(params: NormalizationParams) -> Any:
-    return params.module()
 
 
 def grid_outputs(transformed: list[tuple[torch.Tensor, list[int]]]) -> dict[str, Any]:
@@ -148,7 +142,6 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
     )
     has_native: ClassVar[bool] = True
     supports_device_resize: ClassVar[bool] = True
-    supports_prenormalize: ClassVar[bool] = True
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
@@ -218,11 +211,6 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             chw = resize(rgb, height, width, params.resample, self.backend)
         if not self.device_normalize:
             chw = self._cpu_normalize(chw, params)
-        elif self.prenormalize_dtype is not None:
-            norm = NormalizationParams(
-                params.rescale_factor, params.image_mean, params.image_std, ChannelLayout.NCHW
-            )
-            chw = _norm_module(norm).forward_table(chw, self.prenormalize_dtype, layout=norm.layout)
         # One frame: the item (and the cache) keeps compact rows, and the merge repeats each
         # channel block temporal_patch_size times (``grid_fields_config``'s ``repeat``).
         rows = patchify(

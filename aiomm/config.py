@@ -49,6 +49,9 @@ class EngineConfig:
     #: initial size of each staging buffer; grown (powers of two) up to the maximum below
     device_staging_buffer_bytes: int = 16 << 20
     device_staging_max_buffer_bytes: int = 256 << 20
+    #: on a CPU device: idle memory kept to back the next results (fresh pages for each
+    #: request's tens of megabytes cost a fifth of the CPU; see ``aiomm.host_buffers``); 0 = off
+    host_output_pool_bytes: int = 256 << 20
     #: intra-op threads of torch, set once when the engine opens (None: leave the process
     #: setting alone). Workers already run in parallel; 1 avoids oversubscribing the cores.
     torch_threads: int | None = None
@@ -82,6 +85,8 @@ class EngineConfig:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
         if self.max_decoded_bytes_in_flight < 1:
             raise ValueError("max_decoded_bytes_in_flight must be positive")
+        if self.host_output_pool_bytes < 0:
+            raise ValueError("host_output_pool_bytes must be >= 0")
         if self.cache_capacity_bytes < 0:
             raise ValueError("cache_capacity_bytes must be >= 0")
         if self.visual_dtype not in ("bfloat16", "float16", "float32"):

@@ -42,8 +42,10 @@ import anyio.to_thread
 import torch
 
 from aiomm.errors import KernelInputError, OutputBufferError, UnsupportedDtypeError
-from aiomm.kernels import FusedMMInputNorm
+from aiomm.host_buffers import HostBufferPool, HostBufferPoolStatistics
+from aiomm.kernels import ChannelLayout, FusedMMInputNorm
 from aiomm.kernels.norm import OUTPUT_DTYPES
+from aiomm.kernels.table_norm import normalize_rows_by_table
 from aiomm.pinned_pool import (
     CudaEventFence,
     PinnedBuffer,
@@ -84,6 +86,8 @@ class DeviceStageStatistics:
     pool_in_use: int
     pool_waiting: int
     pool: PinnedPoolStatistics | None
+    #: recycled memory of CPU results (None on CUDA or when off)
+    host_outputs: HostBufferPoolStatistics | None = None
 
 
 class _Done(NamedTuple):
@@ -100,7 +104,9 @@ class DeviceStage:
     Knobs: ``staging_buffers`` slots in the staging pool, each ``buffer_bytes`` at first and
     grown up to ``max_buffer_bytes``; ``staging`` (default: on CUDA only) routes inputs through the
     pool, also on the CPU, where it exercises the same accounting; ``timing`` records CUDA events
-    for ``copy_ms`` and ``kernel_ms``; ``allocator`` replaces the pool's buffer allocator.
+    for ``copy_ms`` and ``kernel_ms``; ``allocator`` replaces the pool's buffer allocator;
+    ``host_output_bytes`` bounds the idle memory recycled for results on a CPU device
+    (:class:`~aiomm.host_buffers.HostBufferPool`; 0 = every result from torch's allocator).
 
     :raises UnsupportedDtypeError: for a ``visual_dtype`` the kernel does not write.
     """
@@ -116,6 +122,7 @@ class DeviceStage:
         staging: bool | None = None,
         timing: bool = True,
         allocator: Callable[[int], torch.Tensor] | None = None,
+        host_output_bytes: int = 256 << 20,
     ) -> None:
         self.device = resolve_device(device)
         dtype = getattr(torch, visual_dtype, None)
@@ -138,6 +145,10 @@ class DeviceStage:
             )
             if use_pool
             else None
+        )
+        #: recycled memory for results on the CPU (None on CUDA, or when disabled)
+        self.host_outputs: HostBufferPool | None = (
+            HostBufferPool(host_output_bytes) if not self._cuda and host_output_bytes else None
         )
         self._modules: dict[NormalizationParams, FusedMMInputNorm] = {}
         self._lock = threading.Lock()
@@ -170,6 +181,7 @@ class DeviceStage:
             pool_in_use=0 if pool is None else pool.in_use,
             pool_waiting=0 if pool is None else pool.waiting,
             pool=pool,
+            host_outputs=None if self.host_outputs is None else self.host_outputs.statistics(),
         )
 
     # ------------------------------------------------------------------ run
@@ -285,7 +297,7 @@ class DeviceStage:
     def _cpu_sync(
         self, x: _Rows, params: NormalizationParams | None, out: torch.Tensor | None
     ) -> _Done:
-        dst = _output(x, self.dtype, out)
+        dst = _output(x, self.dtype, out, self.host_outputs)
         if params is None:
             x.copy_into(dst)
         else:
@@ -293,6 +305,15 @@ class DeviceStage:
             for part, rows in x.slices(dst):
                 if x.repeat is None:
                     module.forward_table(part, self.dtype, rows, params.layout)
+                elif (
+                    part.dtype == torch.uint8
+                    and params.layout is ChannelLayout.PATCHES
+                    and x.repeat[0] == module.num_channels
+                ):
+                    # compact uint8 rows: looked up and repeated in one pass over the output
+                    rows_in = part if part.stride(-1) == 1 else part.contiguous()
+                    table = module.table(self.dtype)
+                    normalize_rows_by_table(table, rows_in, rows, times=x.repeat[1])
                 else:  # normalise the compact rows, then expand them in the copy
                     x.fill(rows, module.forward_table(part, self.dtype, layout=params.layout))
         return _Done(dst, 0, False, None, None)
@@ -310,7 +331,7 @@ class DeviceStage:
         staging = buffer.view(transfer, x.shape)
         x.copy_into(staging)
         # The staging buffer goes back to the pool: the result must not alias it.
-        dst = _output(x, self.dtype, out)
+        dst = _output(x, self.dtype, out, self.host_outputs)
         if params is None:
             dst.copy_(staging)
         else:
@@ -451,10 +472,14 @@ def _check_out(out: torch.Tensor, x: _Rows, dtype: torch.dtype, device: torch.de
         raise OutputBufferError("out must be contiguous")
 
 
-def _output(x: _Rows, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
-    if out is None:
-        return torch.empty(x.shape, dtype=dtype, device=x.device)
-    return out[: x.shape[0]]
+def _output(
+    x: _Rows, dtype: torch.dtype, out: torch.Tensor | None, host: HostBufferPool | None = None
+) -> torch.Tensor:
+    if out is not None:
+        return out[: x.shape[0]]
+    if host is not None and x.device.type == "cpu":
+        return host.empty(x.shape, dtype)
+    return torch.empty(x.shape, dtype=dtype, device=x.device)
 
 
 class _Rows:

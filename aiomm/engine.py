@@ -121,14 +121,14 @@ class Engine:
             staging_buffers=cfg.device_staging_buffers,
             buffer_bytes=cfg.device_staging_buffer_bytes,
             max_buffer_bytes=cfg.device_staging_max_buffer_bytes,
+            host_output_bytes=cfg.host_output_pool_bytes,
         )
-        self.processor = self._with_cpu_prenormalize(self._with_device_resize(processor))
+        self.processor = self._with_device_resize(processor)
         self.adapter_id = adapter_id or type(processor).__name__
         resize_on = "device-resize" if self.processor.resize_device is not None else "cpu-resize"
-        prenorm = self.processor.prenormalize_dtype
         self._fingerprint = (
             f"{self.adapter_id}:{getattr(processor, 'backend', None)}:{processor.transform}"
-            f":{resize_on}:prenorm={prenorm}"
+            f":{resize_on}"
         )
         self._normalize_mode = "device" if processor.device_normalize else "cpu"
         self._tg: anyio.abc.TaskGroup | None = None
@@ -146,25 +146,6 @@ class Engine:
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
 
     # ------------------------------------------------------------------ construction
-
-    def _with_cpu_prenormalize(self, processor: BaseMultiModalProcessor) -> BaseMultiModalProcessor:
-        """On a CPU device, normalise inside the transform, before patchify.
-
-        The "device" is the CPU itself there, so nothing is gained by carrying uint8 to it;
-        normalising the resized image (before Qwen's temporal duplication) halves the work, and
-        cached items are model-ready, so cache hits skip normalisation entirely.
-        """
-        if not (
-            self.device.device.type == "cpu"
-            and processor.supports_prenormalize
-            and processor.transform == "native"
-            and processor.device_normalize
-            and processor.resize_device is None
-        ):
-            return processor
-        processor = copy.copy(processor)
-        processor.prenormalize_dtype = self.device.dtype
-        return processor
 
     def _with_device_resize(self, processor: BaseMultiModalProcessor) -> BaseMultiModalProcessor:
         """The processor, resizing on the engine's device when ``mm_device_resize`` says so.
@@ -415,11 +396,11 @@ class Engine:
         merged = merge_items(all_items, skip=("pixel_values",) if parts is not None else ())
         pixels = parts.tensors if parts is not None else merged.get("pixel_values")
         if pixels is not None:
-            # prenormalised items are already model-ready: the device stage only places them
-            params = None if self.processor.prenormalize_dtype else processed.normalization
             repeat = parts.repeat if parts is not None else None
             async with self._device_limiter:
-                merged["pixel_values"] = await self.device.run(pixels, params, repeat=repeat)
+                merged["pixel_values"] = await self.device.run(
+                    pixels, processed.normalization, repeat=repeat
+                )
         timings["device"] = time.perf_counter() - t
         self._counters.images += n
         return Result(

@@ -453,7 +453,7 @@ def drive(job: dict[str, Any], make_server: MakeServer, n_workload: int) -> dict
 @dataclass(frozen=True)
 class WorkloadSpec:
     seed: int = 0
-    requests: int = 120
+    requests: int = 240
     repeat_share: float = 0.25
     zipf_s: float = 1.1
     max_images: int = 4
@@ -1804,7 +1804,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     w = p.add_argument_group("workload")
     w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--requests", type=int, help="requests (default: 12 quick, 120 full)")
+    w.add_argument(
+        "--requests",
+        type=int,
+        help="requests (default: 12 quick, 240 full: an open loop needs seconds of arrivals)",
+    )
     w.add_argument("--repeat-share", type=float, default=0.25)
     w.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of image popularity")
     w.add_argument("--max-images", type=int, default=4)
@@ -1869,7 +1873,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
-    n = args.requests or (12 if quick else 120)
+    n = args.requests or (12 if quick else 240)
     spec = WorkloadSpec(
         seed=args.seed,
         requests=n,

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -259,17 +260,25 @@ class FusedMMInputNorm(nn.Module):
         """
         if x.dtype != torch.uint8 or x.device.type != "cpu" or x.requires_grad:
             return self.forward_native(x, visual_dtype, out, layout)
-        from .table_norm import normalization_table, normalize_uint8_by_table
+        from .table_norm import normalize_uint8_by_table
 
         layout = ChannelLayout.parse(layout)
         tables = {"weight": (self.weight, (self.num_channels,))}
         check_call(x, self.weight, visual_dtype, out, layout, tables)
+        dst = torch.empty(x.shape, dtype=visual_dtype) if out is None else out[: x.shape[0]]
+        return normalize_uint8_by_table(self.table(visual_dtype), x, visual_dtype, dst, layout)
+
+    def table(self, visual_dtype: torch.dtype) -> np.ndarray:
+        """``[C, 256]`` output bit patterns (int16 or int32): entry ``[c, v]`` is
+        :meth:`forward_native`'s result for value ``v`` of channel ``c``, in ``visual_dtype``.
+        Built once per dtype; the module must be on the CPU."""
+        from .table_norm import normalization_table
+
         table = self._tables.get(visual_dtype)
         if table is None:
             # a race builds the same table twice; both are correct
             table = self._tables[visual_dtype] = normalization_table(self, visual_dtype)
-        dst = torch.empty(x.shape, dtype=visual_dtype) if out is None else out[: x.shape[0]]
-        return normalize_uint8_by_table(table, x, visual_dtype, dst, layout)
+        return table
 
     def forward_native(
         self,

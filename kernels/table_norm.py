@@ -18,7 +18,11 @@ import torch
 if TYPE_CHECKING:
     from .norm import ChannelLayout, FusedMMInputNorm
 
-__all__ = ("normalization_table", "normalize_uint8_by_table")
+__all__ = ("normalization_table", "normalize_rows_by_table", "normalize_uint8_by_table")
+
+#: rows looked up per step of ``normalize_rows_by_table``: the step's results stay in cache
+#: while they are copied into the output
+_CHUNK_ROWS = 512
 
 # Tables hold output bit patterns: numpy has no bfloat16, and a copy of bits is exact anyway.
 _BITS = {2: (np.int16, torch.int16), 4: (np.int32, torch.int32)}
@@ -62,10 +66,43 @@ def normalize_uint8_by_table(
         return dst
     if layout is ChannelLayout.NHWC:
         src_v, out_v = np.moveaxis(src, -1, 0), np.moveaxis(out, -1, 0)
+    elif src.ndim == 2 and src.strides[1] == 1:
+        # PATCHES rows [N, C * K]: looked up a few rows at a time, into a contiguous scratch
+        normalize_rows_by_table(table, x, dst, times=1)
+        return dst
     else:  # PATCHES: [..., C * K], channel-major within a row
         k = src.shape[-1] // c
         src_v = np.moveaxis(src.reshape(*src.shape[:-1], c, k), -2, 0)
         out_v = np.moveaxis(out.reshape(*out.shape[:-1], c, k), -2, 0)
     for ch in range(c):
         np.take(table[ch], src_v[ch], out=out_v[ch], mode="clip")
+    return dst
+
+
+def normalize_rows_by_table(
+    table: np.ndarray, rows: torch.Tensor, dst: torch.Tensor, *, times: int = 1
+) -> torch.Tensor:
+    """Normalise channel-major rows and repeat each channel block ``times`` times, in one pass.
+
+    ``rows``: uint8 ``[N, C * K]`` on the CPU, each row's elements contiguous (``C`` = the
+    table's channels). ``dst``: contiguous ``[N, C * times * K]`` of the table's output width;
+    block ``c`` of a row becomes ``times`` consecutive copies of ``table[c][block]`` (Qwen-VL's
+    temporal frames). Writes every element of ``dst`` exactly once and returns it.
+    """
+    c = table.shape[0]
+    n, width = rows.shape
+    k = width // c
+    src = rows.numpy().reshape(n, c, k)
+    out = dst.view(torch.int16 if table.itemsize == 2 else torch.int32).numpy()
+    out = out.reshape(n, c, times, k)
+    scratch = np.empty((min(n, _CHUNK_ROWS), k), dtype=table.dtype)
+    for start in range(0, n, _CHUNK_ROWS):
+        stop = min(start + _CHUNK_ROWS, n)
+        step = scratch[: stop - start]
+        for ch in range(c):
+            # mode="clip" skips numpy's bounds check (uint8 indices cannot exceed 255) and the
+            # buffered copy that mode="raise" makes of ``out``
+            np.take(table[ch], src[start:stop, ch], out=step, mode="clip")
+            for t in range(times):
+                out[start:stop, ch, t] = step
     return dst

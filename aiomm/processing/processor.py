@@ -167,12 +167,6 @@ class BaseMultiModalProcessor:
     supports_device_resize: ClassVar[bool] = False
     #: where the native transform resizes (None: on the CPU); set by the engine
     resize_device: torch.device | None = None
-    #: whether the native transform can normalise before patchify (see ``prenormalize_dtype``)
-    supports_prenormalize: ClassVar[bool] = False
-    #: when set (by the engine, for a CPU device), the native transform normalises each image
-    #: into this dtype before patchify: half the elements of normalising the patch rows, and the
-    #: cache then holds model-ready items. Values are identical to normalising afterwards.
-    prenormalize_dtype: torch.dtype | None = None
 
     def __init__(self, hf_processor: Any, *, config: MultiModalConfig | None = None) -> None:
         self.hf_processor = hf_processor
@@ -325,7 +319,7 @@ class BaseMultiModalProcessor:
         """Stage 4: drop the dummy text's outputs; prove uint8 pixels exact."""
         for key in _TEXT_OUTPUT_KEYS:
             data.pop(key, None)
-        if self.device_normalize and self.prenormalize_dtype is None:
+        if self.device_normalize:
             for key in ("pixel_values", "pixel_values_videos"):
                 if key in data:
                     data[key] = check_uint8_exact(key, torch.as_tensor(data[key]))

@@ -362,3 +362,36 @@ async def test_compact_parts_are_expanded_in_the_copy(classic: bool, staging: bo
     assert torch.equal(await stage.run(parts, p, repeat=(3, 2)), want)
     with pytest.raises(KernelInputError, match="repeat"):
         await stage.run([pixels((2, 7), 1)], p, repeat=(3, 2))
+
+
+async def test_compact_uint8_rows_larger_than_a_lookup_chunk() -> None:
+    """Compact uint8 rows normalise and repeat in one pass (``normalize_rows_by_table``), rows
+    beyond its chunk included; results equal the native normalisation of the merged rows."""
+    stage = DeviceStage("cpu", "float32")
+    p = params(ChannelLayout.PATCHES)
+    parts = [pixels((n, 3 * 196), seed=60 + n) for n in (700, 3, 1300)]
+    merged = torch.cat(parts).reshape(-1, 3, 1, 196)
+    want = native(merged.expand(-1, 3, 2, 196).reshape(-1, 1176), p, torch.float32)
+    assert torch.equal(await stage.run(parts, p, repeat=(3, 2)), want)
+
+
+async def test_cpu_results_recycle_host_memory() -> None:
+    """On the CPU, results of a MiB or more come from the stage's ``HostBufferPool``: a result
+    dropped by the caller backs the next one, and a result still held is never reused."""
+    import gc
+
+    stage = DeviceStage("cpu", "float32")
+    p = params(ChannelLayout.PATCHES)
+    x = pixels((600, 1176), seed=3)
+    first = await stage.run(x, p)
+    held = await stage.run(x, p)
+    address = first.data_ptr()
+    del first
+    gc.collect()
+    third = await stage.run(x, p)
+    assert third.data_ptr() == address and held.data_ptr() != address
+    assert torch.equal(held, third) and torch.equal(third, native(x, p, torch.float32))
+    stats = stage.statistics().host_outputs
+    assert stats is not None and (stats.lent, stats.reused) == (3, 1)
+    off = DeviceStage("cpu", "float32", host_output_bytes=0)
+    assert off.host_outputs is None and off.statistics().host_outputs is None

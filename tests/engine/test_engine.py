@@ -437,20 +437,26 @@ async def test_device_resize_refused_for_the_classic_path(make_processor) -> Non
     assert Engine(make_processor(), EngineConfig(device="cpu")).processor.resize_device is None
 
 
-async def test_cpu_engine_normalises_before_patchify_with_identical_values(make_processor) -> None:
-    """On a CPU device the Qwen transform normalises the resized image (before the temporal
-    duplication of patchify) and caches model-ready items; values equal normalising after."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+async def test_cpu_engine_caches_uint8_items_and_normalises_them_in_the_device_stage(
+    make_processor, dtype: str
+) -> None:
+    """Items (and the cache) hold compact uint8 rows, a quarter of fp32's bytes; the device
+    stage normalises and repeats them into the model's rows, on a miss and on a hit alike."""
     imgs = [encode(image(100 + i, 200 + 30 * i, 260), "PNG") for i in range(3)]
-    engine = Engine(make_processor(), EngineConfig(device="cpu", visual_dtype="float16"))
-    assert engine.processor.prenormalize_dtype == torch.float16
+    engine = Engine(make_processor(), EngineConfig(device="cpu", visual_dtype=dtype))
     async with engine:
         result = await engine.process(Request(prompt=prompt(3), images=imgs))
         again = await engine.process(Request(prompt=prompt(3), images=imgs))
     decoded = [PIL.Image.open(io.BytesIO(b)).convert("RGB") for b in imgs]
-    _, _, expected_pv = expected(make_processor(), prompt(3), decoded, dtype=torch.float16)
-    assert result.pixel_values.dtype == torch.float16
+    _, _, expected_pv = expected(make_processor(), prompt(3), decoded, dtype=getattr(torch, dtype))
+    assert result.pixel_values.dtype == getattr(torch, dtype)
     assert torch.equal(result.pixel_values, expected_pv)
     assert again.cache == [CacheOutcome.HIT] * 3 and torch.equal(again.pixel_values, expected_pv)
-    # off the CPU path (device resize), items stay uint8 for the device stage
-    resized = Engine(make_processor(), EngineConfig(device="cpu", mm_device_resize=True))
-    assert resized.processor.prenormalize_dtype is None
+    items = engine.processor.apply(
+        engine.processor.hf_processor.tokenizer(prompt(1), add_special_tokens=False)["input_ids"],
+        {"image": [np.asarray(decoded[0])]},
+    ).mm_kwargs["image"]
+    rows = items[0].data["pixel_values"]
+    assert rows.dtype == torch.uint8
+    assert rows.shape[-1] * 2 == expected_pv.shape[-1]  # one frame of two

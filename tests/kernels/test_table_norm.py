@@ -10,6 +10,7 @@ import torch
 
 from aiomm.errors import LayoutError, OutputBufferError, UnsupportedDtypeError
 from aiomm.kernels import FusedMMInputNorm
+from aiomm.kernels.table_norm import _CHUNK_ROWS, normalize_rows_by_table
 
 NORMS = {
     "clip": (1 / 255, (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
@@ -105,3 +106,25 @@ def test_errors_match_forward_native(x, dtype, layout, out, error) -> None:
         norm.forward_native(x, dtype, out, layout)
     with pytest.raises(error):
         norm.forward_table(x, dtype, out, layout)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["clip", "one-channel"])
+def test_rows_repeated_equal_forward_native_of_the_repeated_rows(
+    name: str, dtype: torch.dtype, gen
+) -> None:
+    """``normalize_rows_by_table``: compact rows looked up and each channel block repeated
+    ``times`` times equal ``forward_native`` of the repeated rows, across several row chunks."""
+    norm = FusedMMInputNorm(*NORMS[name])
+    c, k = norm.num_channels, 20
+    g, seed = gen
+    wide = pixels((_CHUNK_ROWS * 2 + 37, c * k + 3), g)
+    for rows in (wide[:, : c * k], wide[:5, : c * k].contiguous()):  # strided and small
+        n = rows.shape[0]
+        for times in (1, 2, 3):
+            full = rows.reshape(n, c, 1, k).expand(n, c, times, k).reshape(n, c * times * k)
+            dst = torch.full((n, c * times * k), float("nan"), dtype=dtype)
+            got = normalize_rows_by_table(norm.table(dtype), rows, dst, times=times)
+            want = norm.forward_native(full, dtype, layout="patches")
+            assert got is dst
+            assert same_bits(got, want), f"seed={seed} {name} {n} rows x{times} {dtype}"
