@@ -25,8 +25,11 @@ Device tensors live until the events that order their last use have completed (n
 ``record_stream``). Several requests are in flight at once: the copy of one overlaps the kernel of
 another, and decode of others on the CPU. CUDA events time the copy and the kernel.
 
-On a CPU-only machine the same API runs ``forward_native`` in a worker thread and touches nothing
-CUDA-specific. Inputs larger than one staging buffer may hold are copied from pageable memory.
+On a CPU device the same API runs in a worker thread and touches nothing CUDA-specific: uint8
+rows are normalised by table lookups (``kernels/table_norm.py``), compact rows looked up and
+repeated in one pass, into results whose memory is recycled from dropped results
+(:class:`~aiomm.host_buffers.HostBufferPool`). On CUDA, inputs larger than one staging buffer may
+hold are copied from pageable memory.
 """
 
 from __future__ import annotations

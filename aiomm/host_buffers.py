@@ -79,12 +79,14 @@ class HostBufferPool:
         """An uninitialised contiguous CPU tensor of ``shape`` and ``dtype``."""
         nbytes = prod(shape) * dtype.itemsize
         if nbytes < max(self.min_bytes, 1) or self.max_idle_bytes == 0:
-            self._small += 1
+            with self._lock:
+                self._small += 1
             return torch.empty(tuple(shape), dtype=dtype)
         block = self._take(nbytes)
         array = np.frombuffer(block, dtype=np.uint8, count=nbytes)
         # The storage owns ``array``; when the last user of the memory goes, so does ``array``.
-        weakref.finalize(array, _give_back, weakref.ref(self), block)
+        done = weakref.finalize(array, _give_back, weakref.ref(self), block)
+        done.atexit = False  # at exit the memory goes with the process
         return torch.from_numpy(array).view(dtype).view(tuple(shape))
 
     def statistics(self) -> HostBufferPoolStatistics:

@@ -22,9 +22,11 @@ over images) is the figure least disturbed by other work on a shared machine. Ex
 sample, aiomm's uint8 pixels and token ids equal the HF processor's (``do_rescale=False,
 do_normalize=False``) and the engine's normalised float32 output is within 1e-6 of HF's (max
 error relative to the largest magnitude); vLLM's pixels and token ids are compared with aiomm's.
-Thread scaling pins the process to as many cores as transform threads. ``--sweep`` tunes
-threads x max_in_flight (closed loop) and then the queue bound (open loop at 2x capacity);
-``--gpu`` adds the engine with its device stage on CUDA (``aiomm-gpu``) and the bytes it moves.
+Thread scaling pins the process to as many cores as transform threads and keeps the best of
+three interleaved runs per thread count (other tenants of a shared machine only slow runs down).
+``--sweep`` tunes threads x max_in_flight (closed loop) and then the queue bound (open loop at 2x
+capacity); ``--gpu`` adds the engine with its device stage on CUDA (``aiomm-gpu``) and the bytes
+it moves.
 
     python bench/stream_bench.py --quick       # every system on a tiny workload, < 1 minute
     python bench/stream_bench.py               # the full report, ~5-10 minutes on 2 cores
@@ -816,23 +818,37 @@ def run_aiomm(job: dict[str, Any], wl: Workload) -> dict[str, Any]:
     settings = {k: job[k] for k in ("threads", "max_in_flight", "queue_bound", "cache")}
     out = drive(job, aiomm_server(wl, processor, **settings), len(wl.requests))
     out["settings"] = settings
-    scaling = []
+    runs: dict[int, list[dict[str, Any]]] = {t: [] for t in job["scaling_threads"]}
     n = min(job["scaling_requests"], len(wl.requests))
-    for t in job["scaling_threads"]:
-        # the image path alone: no cache, enough requests in flight to keep t threads busy
-        make = aiomm_server(
-            wl,
-            processor,
-            threads=t,
-            max_in_flight=max(8, 4 * t),
-            queue_bound=max(16, 8 * t),
-            cache=False,
-        )
-        with pinned(t) as used:
-            rec = measured(make, lambda s: closed_loop(s, n, job["concurrency"]), job["loop"])
-        rec.update(threads=t, cores=used)
-        scaling.append(rec)
-    out["scaling"] = scaling
+    # Interleaved repeats, best of each: on a shared machine other tenants only ever slow a run
+    # down (one build measured 1.59x-2.09x 2-vs-1 in single runs), and interleaving spreads
+    # their load over every thread count alike.
+    for _ in range(job.get("scaling_repeats", 1)):
+        for t in job["scaling_threads"]:
+            # the image path alone: no cache, enough requests in flight to keep t threads busy
+            make = aiomm_server(
+                wl,
+                processor,
+                threads=t,
+                max_in_flight=max(8, 4 * t),
+                queue_bound=max(16, 8 * t),
+                cache=False,
+            )
+            with pinned(t) as used:
+                rec = measured(make, lambda s: closed_loop(s, n, job["concurrency"]), job["loop"])
+            rec.update(threads=t, cores=used)
+            runs[t].append(rec)
+    out["scaling"] = best_runs(runs)
+    return out
+
+
+def best_runs(runs: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per thread count, the run with the most images/s, with every run's images/s attached."""
+    out = []
+    for recs in runs.values():
+        best = dict(max(recs, key=lambda r: r["images_per_s"]))
+        best["runs_images_per_s"] = [r["images_per_s"] for r in recs]
+        out.append(best)
     return out
 
 
@@ -1537,8 +1553,17 @@ def report(results: dict[str, Any]) -> str:
     scaling = results["systems"].get("aiomm", {}).get("scaling", [])
     if scaling:
         lines.append(
-            "thread scaling (aiomm image path, cache off; threads on as many cores): "
-            + ", ".join(f"{r['threads']} -> {r['images_per_s']:.1f} img/s" for r in scaling)
+            "thread scaling (aiomm image path, cache off; threads on as many cores; best of "
+            "interleaved runs): "
+            + ", ".join(
+                f"{r['threads']} -> {r['images_per_s']:.1f} img/s"
+                + (
+                    f" (runs {'/'.join(f'{x:.1f}' for x in r['runs_images_per_s'])})"
+                    if len(r.get("runs_images_per_s", [])) > 1
+                    else ""
+                )
+                for r in scaling
+            )
             + f"; 2 vs 1: {_fmt(results['analysis']['thread_speedup_2v1'], '.2f')}x"
         )
     sweep = results.get("sweep")
@@ -1828,6 +1853,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--queue-bound", type=int, default=16, help="requests waiting for admission")
     a.add_argument("--no-cache", action="store_true")
     a.add_argument("--scaling-threads", help="thread counts to scale over (default: 1..cores)")
+    a.add_argument(
+        "--scaling-repeats",
+        type=int,
+        help="interleaved runs per thread count, best kept (default: 1 quick, 3 full)",
+    )
     v = p.add_argument_group("vllm")
     v.add_argument("--vllm-python", help="python of a vLLM environment (vllm 0.33, CPU)")
     v.add_argument(
@@ -1910,6 +1940,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cpu > 1
         else [1, 2],
         "scaling_requests": 6 if quick else 40,
+        "scaling_repeats": args.scaling_repeats or (1 if quick else 3),
         "exact_requests": exact_sample(wl, n, args.exact_samples or (2 if quick else 6)),
     }
     results: dict[str, Any] = {

@@ -173,3 +173,14 @@ def test_aiomm_bench_subcommand_reaches_the_benchmark(capsys) -> None:
         main(["bench", "--help"])
     assert info.value.code == 0
     assert "--vllm-python" in capsys.readouterr().out
+
+
+def test_thread_scaling_keeps_the_best_of_interleaved_runs(sb: ModuleType) -> None:
+    runs = {
+        1: [{"threads": 1, "images_per_s": 30.0}, {"threads": 1, "images_per_s": 24.0}],
+        2: [{"threads": 2, "images_per_s": 48.0}, {"threads": 2, "images_per_s": 53.0}],
+    }
+    best = sb.best_runs(runs)
+    assert [(r["threads"], r["images_per_s"]) for r in best] == [(1, 30.0), (2, 53.0)]
+    assert best[1]["runs_images_per_s"] == [48.0, 53.0]
+    assert "runs_images_per_s" not in runs[2][1]  # the records themselves are left alone
