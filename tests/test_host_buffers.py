@@ -123,3 +123,22 @@ def test_block_sizes_hold_the_request_and_waste_at_most_a_quarter(nbytes: int) -
     size = _block_size(nbytes)
     assert size >= nbytes and size % 4096 == 0
     assert nbytes < 4 * 4096 or size <= nbytes * 1.25 + 4096
+
+
+def test_tensors_pickle_and_move_to_shared_memory() -> None:
+    """Serving stacks hand results to other processes: pickling copies the values, and
+    ``share_memory_`` moves them to shared memory, after which the block is free again."""
+    import pickle
+
+    pool = HostBufferPool(64 * MIB)
+    t = pool.empty((1000, 1176), torch.float32)
+    t.fill_(2.5)
+    assert torch.equal(pickle.loads(pickle.dumps(t)), t)
+    address = t.data_ptr()
+    t.share_memory_()
+    assert t.is_shared() and t.data_ptr() != address and bool((t == 2.5).all())
+    gc.collect()
+    assert pool.empty((1000, 1176), torch.float32).data_ptr() == address
+    with pytest.raises(RuntimeError, match="not resizable"):
+        t2 = pool.empty((1000, 1176), torch.float32)
+        t2.resize_(2000, 1176)
