@@ -480,7 +480,7 @@ def _output(
 ) -> torch.Tensor:
     if out is not None:
         return out[: x.shape[0]]
-    if host is not None and x.device.type == "cpu":
+    if host is not None:  # only a CPU stage has one
         return host.empty(x.shape, dtype)
     return torch.empty(x.shape, dtype=dtype, device=x.device)
 

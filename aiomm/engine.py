@@ -238,6 +238,9 @@ class Engine:
         # Exits the task group (joining every task) and closes the fetcher. It must run in the
         # task that opened the engine, with no cancel scope of ours around it.
         await stack.aclose()
+        if self.device.host_outputs is not None:
+            # results still held by callers keep their memory; idle blocks go now
+            self.device.host_outputs.clear()
         log.info("engine_closed", adapter=self.adapter_id)
 
     @property

@@ -64,12 +64,11 @@ def normalize_uint8_by_table(
             for ch in range(c):
                 np.take(table[ch], src[n, ch], out=out[n, ch], mode="clip")
         return dst
+    if layout is ChannelLayout.PATCHES and src.ndim == 2 and src.strides[1] == 1:
+        # rows [N, C * K]: looked up a few rows at a time, into a contiguous scratch
+        return normalize_rows_by_table(table, x, dst)
     if layout is ChannelLayout.NHWC:
         src_v, out_v = np.moveaxis(src, -1, 0), np.moveaxis(out, -1, 0)
-    elif src.ndim == 2 and src.strides[1] == 1:
-        # PATCHES rows [N, C * K]: looked up a few rows at a time, into a contiguous scratch
-        normalize_rows_by_table(table, x, dst, times=1)
-        return dst
     else:  # PATCHES: [..., C * K], channel-major within a row
         k = src.shape[-1] // c
         src_v = np.moveaxis(src.reshape(*src.shape[:-1], c, k), -2, 0)
@@ -93,8 +92,7 @@ def normalize_rows_by_table(
     n, width = rows.shape
     k = width // c
     src = rows.numpy().reshape(n, c, k)
-    out = dst.view(torch.int16 if table.itemsize == 2 else torch.int32).numpy()
-    out = out.reshape(n, c, times, k)
+    out = dst.view(_BITS[table.itemsize][1]).numpy().reshape(n, c, times, k)
     scratch = np.empty((min(n, _CHUNK_ROWS), k), dtype=table.dtype)
     for start in range(0, n, _CHUNK_ROWS):
         stop = min(start + _CHUNK_ROWS, n)

@@ -460,3 +460,28 @@ async def test_cpu_engine_caches_uint8_items_and_normalises_them_in_the_device_s
     rows = items[0].data["pixel_values"]
     assert rows.dtype == torch.uint8
     assert rows.shape[-1] * 2 == expected_pv.shape[-1]  # one frame of two
+
+
+async def test_cpu_results_use_recycled_memory_released_on_close(make_processor) -> None:
+    """A CPU engine's results come from its ``HostBufferPool``: a result the caller dropped
+    backs the next one, one still held is never reused, and closing drops the idle blocks."""
+    import gc
+
+    img = encode(image(7, 560, 560), "PNG")  # ~9 MB of float32 rows: pooled
+    engine = Engine(make_processor(), EngineConfig(device="cpu", visual_dtype="float32"))
+    async with engine:
+        pool = engine.device.host_outputs
+        assert pool is not None
+        first = await engine.process(Request(prompt=prompt(1), images=[img]))
+        address = first.pixel_values.data_ptr()
+        del first
+        gc.collect()
+        second = await engine.process(Request(prompt=prompt(1), images=[img]))
+        reused = second.pixel_values.data_ptr()
+        third = await engine.process(Request(prompt=prompt(1), images=[img]))
+        fresh = third.pixel_values.data_ptr()
+        del third
+        gc.collect()
+    assert reused == address and fresh != reused
+    stats = pool.statistics()
+    assert (stats.lent, stats.reused, stats.idle_bytes) == (3, 1, 0)
