@@ -9,23 +9,29 @@ from typing import Any, ClassVar
 import torch
 
 from aiomm.kernels import ChannelLayout
-from aiomm.processing.image_ops import Backend, hf_backend_normalize
+from aiomm.processing.image_ops import Backend, backend_of, hf_backend_normalize
 from aiomm.processing.processor import NormalizationParams
 
 __all__ = ("BackendNormalization",)
 
 
 class BackendNormalization:
-    """Mixin (listed before ``BaseMultiModalProcessor``): the classic path's CPU normalisation
-    through the HF backend's own operations, and the device path's ``NormalizationParams``.
+    """Mixin (listed before ``BaseMultiModalProcessor``) of adapters over an HF image processor:
+    holds it and its backend, and provides the classic path's CPU normalisation through the
+    backend's own operations and the device path's ``NormalizationParams``.
 
-    The adapter provides ``image_processor``, ``backend``, ``_resolve_params(hf_kwargs)`` and the
-    layout its ``pixel_values`` have when they reach the device.
+    The adapter provides ``_resolve_params(hf_kwargs)`` and the layout its ``pixel_values`` have
+    when they reach the device.
     """
 
     image_processor: Any
     backend: Backend
     pixel_layout: ClassVar[ChannelLayout]
+
+    def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
+        super().__init__(hf_processor, **kwargs)  # type: ignore[call-arg]
+        self.image_processor = hf_processor.image_processor
+        self.backend = backend_of(self.image_processor)
 
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> Any:
         raise NotImplementedError

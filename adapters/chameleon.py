@@ -16,7 +16,7 @@ itself does not limit the count.
 ``mm_device_do_normalize`` is off by default for Chameleon. The ``native`` transform (Pillow's
 Lanczos for the PIL backend, ``torch``'s uint8 Lanczos ``interpolate`` kernel, which
 torchvision's ``resize`` dispatches to, for the torchvision backend) is proven equal to ``hf`` bit
-for bit for both backends by tests/adapters/test_chameleon_parity.py.
+for bit for both backends by tests/adapters/test_parity.py.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import torch
 import torch.nn.functional as F
 
 from aiomm.adapters._normalization import BackendNormalization
-from aiomm.adapters._params import as_floats
+from aiomm.adapters._params import resolve_params
 from aiomm.adapters.offline import build_tokenizer
-from aiomm.adapters.registry import AdapterInfo, register
+from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-from aiomm.processing.image_ops import Backend, Resample, backend_of, resize, to_rgb_array
+from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
 from aiomm.processing.processor import BaseMultiModalProcessor
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
@@ -86,6 +86,22 @@ def center_crop(chw: torch.Tensor, height: int, width: int, backend: Backend) ->
     return out
 
 
+# -------------------------------------------------------------------------- offline builder
+
+
+def build_hf_processor(backend: str = "torchvision", **overrides: Any) -> Any:
+    """``ChameleonProcessor`` at its defaults, with a tokenizer built in code."""
+    import transformers
+
+    image_cls = {
+        "torchvision": transformers.ChameleonImageProcessor,
+        "pil": transformers.ChameleonImageProcessorPil,
+    }[backend]
+    tokenizer = build_tokenizer(CHAMELEON_SPECIAL_TOKENS, eos_token="</s>")
+    tokenizer.sep_token = SEP_TOKEN
+    return transformers.ChameleonProcessor(image_cls(**overrides), tokenizer)
+
+
 @dataclass(frozen=True)
 class _TransformParams:
     size: tuple[str, int, int]  # ("shortest_edge", n, n) or ("exact", height, width)
@@ -115,12 +131,17 @@ def _resize(
     return resize(image, height, width, resample, backend)
 
 
+@register(
+    Architecture(
+        "chameleon", "ChameleonForConditionalGeneration", build_hf_processor,
+        "facebook/chameleon-7b",
+    )
+)  # fmt: skip
 class ChameleonMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of Chameleon (``ChameleonProcessor``), images."""
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.NCHW
 
-    supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
         {"image": IMAGE_PLACEHOLDER}
     )
@@ -129,8 +150,6 @@ class ChameleonMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
-        self.image_processor = hf_processor.image_processor
-        self.backend = backend_of(self.image_processor)
         self.image_token_id = int(hf_processor.image_token_id)
         self.image_start_token_id = int(hf_processor.image_start_token_id)
         self.image_end_token_id = int(hf_processor.image_end_token_id)
@@ -162,17 +181,10 @@ class ChameleonMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor
                 f"{{'height': h, 'width': w}}, got {size}"
             )
         crop = dict(get_size_dict(get("crop_size", ip.crop_size), param_name="crop_size"))
-        return _TransformParams(
-            size=target,
-            crop=(int(crop["height"]), int(crop["width"])),
-            resample=Resample(int(get("resample", ip.resample))),
-            do_resize=bool(get("do_resize", ip.do_resize)),
-            do_center_crop=bool(get("do_center_crop", ip.do_center_crop)),
-            do_convert_rgb=bool(get("do_convert_rgb", ip.do_convert_rgb)),
-            rescale_factor=float(get("rescale_factor", ip.rescale_factor)),
-            image_mean=as_floats(get("image_mean", ip.image_mean)),
-            image_std=as_floats(get("image_std", ip.image_std)),
-        )
+        return resolve_params(
+            _TransformParams, ip, hf_kwargs,
+            size=target, crop=(int(crop["height"]), int(crop["width"])),
+        )  # fmt: skip
 
     # the transform --------------------------------------------------------------------------
 
@@ -227,30 +239,3 @@ class ChameleonMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor
         ]
         content = PromptUpdateDetails.select_token_id(tokens, self.image_token_id)
         return [PromptReplacement("image", [self.image_token_id], content)]
-
-
-# -------------------------------------------------------------------------- offline builder
-
-
-def build_hf_processor(backend: str = "torchvision", **overrides: Any) -> Any:
-    """``ChameleonProcessor`` at its defaults, with a tokenizer built in code."""
-    import transformers
-
-    image_cls = {
-        "torchvision": transformers.ChameleonImageProcessor,
-        "pil": transformers.ChameleonImageProcessorPil,
-    }[backend]
-    tokenizer = build_tokenizer(CHAMELEON_SPECIAL_TOKENS, eos_token="</s>")
-    tokenizer.sep_token = SEP_TOKEN
-    return transformers.ChameleonProcessor(image_cls(**overrides), tokenizer)
-
-
-register(
-    AdapterInfo(
-        short_name="chameleon",
-        architecture="ChameleonForConditionalGeneration",
-        processor_cls=ChameleonMultiModalProcessor,
-        build_hf_processor=build_hf_processor,
-        example_models="facebook/chameleon-7b",
-    )
-)

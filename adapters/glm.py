@@ -20,13 +20,13 @@ rescale/normalise, so padded pixels are uint8 0 and normalise like any other pix
 Each ``<|image|>`` becomes ``grid_t * grid_h * grid_w / merge_size**2`` of them (HF's count uses
 the processor's ``merge_size`` attribute); ``<|begin_of_image|>``/``<|end_of_image|>`` around it
 stay as they are. The ``native`` transform is proven equal to ``hf`` bit for bit for both backends
-by tests/adapters/test_glm_parity.py.
+by tests/adapters/test_parity.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from aiomm.adapters._normalization import BackendNormalization
-from aiomm.adapters._params import as_floats, size_edges
+from aiomm.adapters._params import resolve_params, size_edges
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.qwen_vl import grid_fields_config, grid_outputs, grid_prompt_updates
-from aiomm.adapters.registry import AdapterInfo, register
+from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
@@ -46,7 +46,6 @@ from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
     Backend,
     Resample,
-    backend_of,
     patchify,
     resize,
     to_rgb_array,
@@ -170,6 +169,50 @@ def glm5_next_canvas(
     return (canvas_h, canvas_w), (content_h, content_w)
 
 
+# -------------------------------------------------------------------------- offline builders
+
+# zai-org/GLM-4.1V-9B-Thinking's and zai-org/GLM-OCR's preprocessor_config.json (the image
+# processor's class defaults otherwise): 112x112 .. 6144 tokens of 28x28, CLIP mean/std.
+GLM_CHECKPOINT_IMAGE_PARAMS: dict[str, Any] = {
+    "size": {"shortest_edge": 12544, "longest_edge": 9633792},
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+
+
+def _builder(prefix: str, image_params: Mapping[str, Any]) -> Callable[..., Any]:
+    """``build(backend, **overrides)``: transformers' ``{prefix}Processor`` over the backend's
+    ``{prefix}ImageProcessor`` with ``image_params``, and a tokenizer built in code."""
+
+    def build(backend: str = "torchvision", **overrides: Any) -> Any:
+        import transformers
+
+        image_cls = getattr(
+            transformers,
+            {"torchvision": f"{prefix}ImageProcessor", "pil": f"{prefix}ImageProcessorPil"}[
+                backend
+            ],
+        )
+        params = {**image_params, **overrides}
+        tokenizer = build_tokenizer(GLM_SPECIAL_TOKENS, eos_token="<|endoftext|>")
+        return getattr(transformers, f"{prefix}Processor")(
+            image_processor=image_cls(**params),
+            tokenizer=tokenizer,
+            video_processor=getattr(transformers, f"{prefix}VideoProcessor")(),
+        )
+
+    return build
+
+
+GLM4V = _builder("Glm4v", GLM_CHECKPOINT_IMAGE_PARAMS)
+#: GLM-OCR ships GLM-4.6V's processor (module docstring)
+GLM_OCR = _builder("Glm46V", GLM_CHECKPOINT_IMAGE_PARAMS)
+GLM5_NEXT = _builder("Glm5Next", {})
+
+
 @dataclass(frozen=True)
 class _TransformParams:
     patch_size: int
@@ -181,18 +224,22 @@ class _TransformParams:
     rescale_factor: float
     image_mean: tuple[float, ...]
     image_std: tuple[float, ...]
-    # GLM-4V: pixel bounds; GLM-5-Next: token bounds and the canvas factor's extra multiplier.
+    # GLM-4V: pixel bounds; GLM-5-Next: token bounds and the canvas factor's extra multiplier
+    # (GLM-4V's image processor has none: the default).
     min_bound: int
     max_bound: int
     patch_expand_factor: int = 1
 
 
+@register(
+    Architecture("glm-4v", "Glm4vForConditionalGeneration", GLM4V, "zai-org/GLM-4.1V-9B-Thinking"),
+    Architecture("glm-ocr", "GlmOcrForConditionalGeneration", GLM_OCR, "zai-org/GLM-OCR"),
+)
 class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of GLM-4V (``Glm4vProcessor``) and GLM-OCR (``Glm46VProcessor``), images."""
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.PATCHES
 
-    supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
         {"image": IMAGE_PLACEHOLDER}
     )
@@ -201,8 +248,6 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
-        self.image_processor = hf_processor.image_processor
-        self.backend = backend_of(self.image_processor)
         self.image_token_id: int = int(hf_processor.image_token_id)
 
     # kwargs ---------------------------------------------------------------------------------
@@ -220,25 +265,11 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         return int(shortest), int(longest)
 
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
-        ip = self.image_processor
-        get = hf_kwargs.get
         min_bound, max_bound = self._bounds(hf_kwargs)
-        return _TransformParams(
-            patch_size=int(get("patch_size", ip.patch_size)),
-            temporal_patch_size=int(get("temporal_patch_size", ip.temporal_patch_size)),
-            merge_size=int(get("merge_size", ip.merge_size)),
-            resample=Resample(int(get("resample", ip.resample))),
-            do_resize=bool(get("do_resize", ip.do_resize)),
-            do_convert_rgb=bool(get("do_convert_rgb", ip.do_convert_rgb)),
-            rescale_factor=float(get("rescale_factor", ip.rescale_factor)),
-            image_mean=as_floats(get("image_mean", ip.image_mean)),
-            image_std=as_floats(get("image_std", ip.image_std)),
-            min_bound=min_bound,
-            max_bound=max_bound,
-            patch_expand_factor=int(
-                get("patch_expand_factor", getattr(ip, "patch_expand_factor", 1))
-            ),
-        )
+        return resolve_params(
+            _TransformParams, self.image_processor, hf_kwargs,
+            min_bound=min_bound, max_bound=max_bound,
+        )  # fmt: skip
 
     def _get_hf_mm_inputs(
         self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
@@ -318,6 +349,11 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         return grid_prompt_updates(self.image_token_id, lambda i: self.num_image_tokens(items[i]))
 
 
+@register(
+    Architecture(
+        "glm-5-next", "Glm5NextForConditionalGeneration", GLM5_NEXT, "zai-org/GLM-5.3-Flash"
+    )
+)
 class Glm5NextMultiModalProcessor(GlmVMultiModalProcessor):
     """Processor of GLM-5-Next (``Glm5NextProcessor``), images: a padded token-budget canvas."""
 
@@ -350,59 +386,3 @@ class Glm5NextMultiModalProcessor(GlmVMultiModalProcessor):
             min_tokens=params.min_bound,
             max_tokens=params.max_bound,
         )
-
-
-# -------------------------------------------------------------------------- offline builders
-
-# zai-org/GLM-4.1V-9B-Thinking's and zai-org/GLM-OCR's preprocessor_config.json (the image
-# processor's class defaults otherwise): 112x112 .. 6144 tokens of 28x28, CLIP mean/std.
-GLM_CHECKPOINT_IMAGE_PARAMS: dict[str, Any] = {
-    "size": {"shortest_edge": 12544, "longest_edge": 9633792},
-    "patch_size": 14,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-}
-
-
-def _builder(prefix: str, image_params: Mapping[str, Any]) -> Any:
-    def build(backend: str = "torchvision", **overrides: Any) -> Any:
-        import transformers
-
-        image_cls = getattr(
-            transformers,
-            {"torchvision": f"{prefix}ImageProcessor", "pil": f"{prefix}ImageProcessorPil"}[
-                backend
-            ],
-        )
-        params = {**image_params, **overrides}
-        tokenizer = build_tokenizer(GLM_SPECIAL_TOKENS, eos_token="<|endoftext|>")
-        return getattr(transformers, f"{prefix}Processor")(
-            image_processor=image_cls(**params),
-            tokenizer=tokenizer,
-            video_processor=getattr(transformers, f"{prefix}VideoProcessor")(),
-        )
-
-    return build
-
-
-_FAMILY = (
-    ("glm-4v", "Glm4vForConditionalGeneration", GlmVMultiModalProcessor, "Glm4v",
-     GLM_CHECKPOINT_IMAGE_PARAMS, "zai-org/GLM-4.1V-9B-Thinking"),
-    ("glm-ocr", "GlmOcrForConditionalGeneration", GlmVMultiModalProcessor, "Glm46V",
-     GLM_CHECKPOINT_IMAGE_PARAMS, "zai-org/GLM-OCR"),
-    ("glm-5-next", "Glm5NextForConditionalGeneration", Glm5NextMultiModalProcessor, "Glm5Next", {},
-     "zai-org/GLM-5.3-Flash"),
-)  # fmt: skip
-
-for _short, _arch, _cls, _prefix, _params, _example in _FAMILY:
-    register(
-        AdapterInfo(
-            short_name=_short,
-            architecture=_arch,
-            processor_cls=_cls,
-            build_hf_processor=_builder(_prefix, _params),
-            example_models=_example,
-        )
-    )

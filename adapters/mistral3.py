@@ -15,16 +15,17 @@ Here each item holds its own image, ``[C, h, w]`` cropped to ``image_sizes``, so
 never depends on the batch it was processed in; merging items (:class:`PaddedImageField`) pads
 them to the largest again and stacks, which reproduces HF's ``[N, C, H, W]`` batch exactly: bit for
 bit in uint8, and equal to HF's float batch on the classic CPU path. With
-``mm_device_do_normalize`` on, the padded uint8 zeros are normalised on the device like any pixel
-(to ``-mean / std``, where HF has 0.0): the model crops every image to its ``image_sizes`` before
-the vision tower, so it never reads those values. The ``native`` transform is proven equal to
-``hf`` bit for bit for both backends by tests/adapters/test_mistral3_parity.py.
+``mm_device_do_normalize`` on, the engine puts HF's 0.0 back into the padding after the device
+stage (``PaddedImageField.finish``); a caller normalising ``merged_kwargs()`` itself gets
+``-mean / std`` there, which the model never reads (it crops every image to its
+``image_sizes``). The ``native`` transform is proven equal to ``hf`` bit for bit for both
+backends by tests/adapters/test_parity.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -32,21 +33,26 @@ import numpy as np
 import torch
 
 from aiomm.adapters._normalization import BackendNormalization
-from aiomm.adapters._params import as_floats
+from aiomm.adapters._params import resolve_params
 from aiomm.adapters.offline import build_tokenizer
-from aiomm.adapters.registry import AdapterInfo, register
-from aiomm.errors import ProcessingError, ProcessorKwargsError
+from aiomm.adapters.registry import Architecture, register
+from aiomm.errors import ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
-from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-from aiomm.processing.image_ops import Resample, backend_of, resize, to_rgb_array
+from aiomm.processing.fields import (
+    FieldConfig,
+    MultiModalFieldConfig,
+    MultiModalKwargsItem,
+    PaddedImageField,
+)
+from aiomm.processing.image_ops import Resample, resize, to_rgb_array
 from aiomm.processing.processor import (
     BaseMultiModalProcessor,
     check_uint8_exact,
 )
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
-__all__ = ("Mistral3MultiModalProcessor", "PaddedImageField", "pixtral_target_size")
+__all__ = ("Mistral3MultiModalProcessor", "pixtral_target_size")
 
 MISTRAL3_SPECIAL_TOKENS = (
     "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]",
@@ -73,54 +79,33 @@ def pixtral_target_size(
     return rows * patch_size, cols * patch_size
 
 
-@dataclass(frozen=True)
-class PaddedImageField:
-    """A field config (duck-typed like ``MultiModalFieldConfig``) for a padded image batch.
+# -------------------------------------------------------------------------- offline builder
 
-    The batch is ``[N, C, H, W]``, image ``i`` in its top-left ``sizes[i]`` corner, zeros
-    elsewhere (or a list of ``[C, h_i, w_i]`` tensors). :meth:`split` crops each image to its own
-    size (an independent copy, so a cached item holds no reference to the batch); :meth:`merge`
-    pads the items to the largest height and width with zeros and stacks them, reproducing the
-    padded batch of any combination of items.
-    """
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503's processor_config.json and
+# preprocessor_config.json.
+MISTRAL3_PROCESSOR_PARAMS: dict[str, Any] = {"patch_size": 14, "spatial_merge_size": 2}
+MISTRAL3_IMAGE_PARAMS: dict[str, Any] = {
+    "patch_size": {"height": 14, "width": 14},
+    "size": {"longest_edge": 1540},
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
 
-    modality: str
-    #: (height, width) of each image of the batch being split; merging does not use them
-    sizes: tuple[tuple[int, int], ...]
 
-    def split(self, key: str, value: Any) -> list[torch.Tensor]:
-        """Crop each image of ``value`` to its size.
+def build_hf_processor(backend: str = "torchvision", **overrides: Any) -> Any:
+    """``PixtralProcessor`` of Mistral Small 3.1, with a tokenizer built in code."""
+    import transformers
 
-        :raises ProcessingError: if ``value`` does not hold one image per size.
-        """
-        if len(value) != len(self.sizes):
-            raise ProcessingError(
-                f"field {key!r} has {len(value)} images but {len(self.sizes)} image sizes"
-            )
-        out = []
-        for image, (h, w) in zip(value, self.sizes, strict=True):
-            image = torch.as_tensor(image)
-            if image.shape[-2] < h or image.shape[-1] < w:
-                raise ProcessingError(
-                    f"field {key!r}: image of shape {tuple(image.shape)} is smaller than its "
-                    f"size {h}x{w}"
-                )
-            crop = image[..., :h, :w]
-            shares_batch = isinstance(value, torch.Tensor) and len(self.sizes) > 1
-            if shares_batch or crop.shape != image.shape:
-                crop = crop.clone(memory_format=torch.contiguous_format)
-            out.append(crop)
-        return out
-
-    def merge(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Pad every image to the largest height and width (bottom, right) and stack them."""
-        height = max(int(v.shape[-2]) for v in values)
-        width = max(int(v.shape[-1]) for v in values)
-        first = values[0]
-        out = first.new_zeros((len(values), *first.shape[:-2], height, width))
-        for i, v in enumerate(values):
-            out[i, ..., : v.shape[-2], : v.shape[-1]] = v
-        return out
+    image_cls = {
+        "torchvision": transformers.PixtralImageProcessor,
+        "pil": transformers.PixtralImageProcessorPil,
+    }[backend]
+    tokenizer = build_tokenizer(MISTRAL3_SPECIAL_TOKENS, eos_token="</s>")
+    return transformers.PixtralProcessor(
+        image_processor=image_cls(**{**MISTRAL3_IMAGE_PARAMS, **overrides}),
+        tokenizer=tokenizer,
+        **MISTRAL3_PROCESSOR_PARAMS,
+    )
 
 
 @dataclass(frozen=True)
@@ -136,12 +121,17 @@ class _TransformParams:
     image_std: tuple[float, ...]
 
 
+@register(
+    Architecture(
+        "mistral3", "Mistral3ForConditionalGeneration", build_hf_processor,
+        "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+    )
+)  # fmt: skip
 class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of Mistral 3 (``PixtralProcessor``), images."""
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.NCHW
 
-    supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
         {"image": IMAGE_PLACEHOLDER}
     )
@@ -149,8 +139,6 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
-        self.image_processor = hf_processor.image_processor
-        self.backend = backend_of(self.image_processor)
         self.image_token_id = int(hf_processor.image_token_id)
         self.image_break_token_id = int(hf_processor.image_break_token_id)
         self.image_end_token_id = int(hf_processor.image_end_token_id)
@@ -165,8 +153,7 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
 
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
         ip = self.image_processor
-        get = hf_kwargs.get
-        size = get("size", ip.size)
+        size = hf_kwargs.get("size", ip.size)
         size_get = size.get if isinstance(size, Mapping) else lambda k, d=None: getattr(size, k, d)
         if size_get("longest_edge", None):
             max_height = max_width = int(size_get("longest_edge"))
@@ -176,17 +163,11 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
             raise ProcessorKwargsError(
                 "Pixtral needs size={'longest_edge': n} or size={'height': h, 'width': w}"
             )
-        return _TransformParams(
-            max_height=max_height,
-            max_width=max_width,
-            patch_size=self.patch_size,
-            resample=Resample(int(get("resample", ip.resample))),
-            do_resize=bool(get("do_resize", ip.do_resize)),
-            do_convert_rgb=bool(get("do_convert_rgb", ip.do_convert_rgb)),
-            rescale_factor=float(get("rescale_factor", ip.rescale_factor)),
-            image_mean=as_floats(get("image_mean", ip.image_mean)),
-            image_std=as_floats(get("image_std", ip.image_std)),
-        )
+        # patch_size is the processor's (it overrides the image processor's), never a kwarg.
+        return resolve_params(
+            _TransformParams, ip, hf_kwargs,
+            max_height=max_height, max_width=max_width, patch_size=self.patch_size,
+        )  # fmt: skip
 
     # the transform --------------------------------------------------------------------------
 
@@ -239,7 +220,7 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
 
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    ) -> dict[str, FieldConfig]:
         sizes = outputs.get("image_sizes")
         pairs = tuple((int(h), int(w)) for h, w in (sizes.tolist() if sizes is not None else []))
         return {
@@ -270,43 +251,3 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
             )
 
         return [PromptReplacement("image", [self.image_token_id], replacement)]
-
-
-# -------------------------------------------------------------------------- offline builder
-
-# mistralai/Mistral-Small-3.1-24B-Instruct-2503's processor_config.json and
-# preprocessor_config.json.
-MISTRAL3_PROCESSOR_PARAMS: dict[str, Any] = {"patch_size": 14, "spatial_merge_size": 2}
-MISTRAL3_IMAGE_PARAMS: dict[str, Any] = {
-    "patch_size": {"height": 14, "width": 14},
-    "size": {"longest_edge": 1540},
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-}
-
-
-def build_hf_processor(backend: str = "torchvision", **overrides: Any) -> Any:
-    """``PixtralProcessor`` of Mistral Small 3.1, with a tokenizer built in code."""
-    import transformers
-
-    image_cls = {
-        "torchvision": transformers.PixtralImageProcessor,
-        "pil": transformers.PixtralImageProcessorPil,
-    }[backend]
-    tokenizer = build_tokenizer(MISTRAL3_SPECIAL_TOKENS, eos_token="</s>")
-    return transformers.PixtralProcessor(
-        image_processor=image_cls(**{**MISTRAL3_IMAGE_PARAMS, **overrides}),
-        tokenizer=tokenizer,
-        **MISTRAL3_PROCESSOR_PARAMS,
-    )
-
-
-register(
-    AdapterInfo(
-        short_name="mistral3",
-        architecture="Mistral3ForConditionalGeneration",
-        processor_cls=Mistral3MultiModalProcessor,
-        build_hf_processor=build_hf_processor,
-        example_models="mistralai/Mistral-Small-3.1-24B-Instruct-2503",
-    )
-)

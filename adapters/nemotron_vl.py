@@ -36,8 +36,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from aiomm.adapters._params import resolve_params
 from aiomm.adapters.offline import build_tokenizer
-from aiomm.adapters.registry import AdapterInfo, register
+from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
@@ -124,19 +125,40 @@ def select_tile_grid(
 
 @dataclass(frozen=True)
 class _TileParams:
-    min_num: int
-    max_num: int
+    """Read from the request's kwargs, else the reference's parameters (``resolve_params``)."""
+
+    dynamic_image_size: bool
+    min_dynamic_patch: int
+    max_dynamic_patch: int
     use_thumbnail: bool
 
+    @property
+    def min_num(self) -> int:
+        return self.min_dynamic_patch if self.dynamic_image_size else 1
 
+    @property
+    def max_num(self) -> int:
+        return self.max_dynamic_patch if self.dynamic_image_size else 1
+
+
+@register(
+    Architecture(
+        "llama-nemotron-vl-embed", "LlamaNemotronVLForEmbedding", build_reference,
+        "nvidia/llama-nemotron-embed-vl-1b-v2",
+    ),
+    Architecture(
+        "llama-nemotron-vl-rerank", "LlamaNemotronVLForSequenceClassification", build_reference,
+        "nvidia/llama-nemotron-rerank-vl-1b-v2",
+    ),
+)  # fmt: skip
 class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
     """Processor of the Llama Nemotron VL embedder and reranker (native transform only)."""
 
-    supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
         {"image": IMAGE_PLACEHOLDER}
     )
     has_native: ClassVar[bool] = True
+    has_hf_transform: ClassVar[bool] = False
 
     def __init__(self, hf_processor: NemotronVLReference, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
@@ -162,15 +184,14 @@ class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
         return _TILE_KWARGS
 
     def _tile_params(self, hf_kwargs: Mapping[str, Any]) -> _TileParams:
-        ref = self.ref
-        dynamic = bool(hf_kwargs.get("dynamic_image_size", ref.dynamic_image_size))
-        min_num = int(hf_kwargs.get("min_dynamic_patch", ref.min_dynamic_patch)) if dynamic else 1
-        max_num = int(hf_kwargs.get("max_dynamic_patch", ref.max_dynamic_patch)) if dynamic else 1
-        if not 1 <= min_num <= max_num:
+        # use_thumbnail is not a kwarg (allowed_hf_kwargs): always the reference's.
+        params = resolve_params(_TileParams, self.ref, hf_kwargs)
+        if not 1 <= params.min_num <= params.max_num:
             raise ProcessorKwargsError(
-                f"need 1 <= min_dynamic_patch <= max_dynamic_patch, got {min_num}, {max_num}"
+                "need 1 <= min_dynamic_patch <= max_dynamic_patch, got "
+                f"{params.min_num}, {params.max_num}"
             )
-        return _TileParams(min_num, max_num, ref.use_thumbnail)
+        return params
 
     # the transform --------------------------------------------------------------------------
 
@@ -246,20 +267,3 @@ class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
         return NormalizationParams(
             ref.rescale_factor, ref.image_mean, ref.image_std, ChannelLayout.NCHW
         )
-
-
-for _short, _arch, _example in (
-    ("llama-nemotron-vl-embed", "LlamaNemotronVLForEmbedding",
-     "nvidia/llama-nemotron-embed-vl-1b-v2"),
-    ("llama-nemotron-vl-rerank", "LlamaNemotronVLForSequenceClassification",
-     "nvidia/llama-nemotron-rerank-vl-1b-v2"),
-):  # fmt: skip
-    register(
-        AdapterInfo(
-            short_name=_short,
-            architecture=_arch,
-            processor_cls=LlamaNemotronVLProcessor,
-            build_hf_processor=build_reference,
-            example_models=_example,
-        )
-    )

@@ -1,4 +1,4 @@
-"""The Qwen-VL family: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5(-MoE), Qwen4-Exp.
+"""The Qwen-VL family: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5(-MoE), Qwen4-Exp; Intern-S.
 
 Reference: transformers' ``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` / ``Qwen3VLProcessor`` with
 ``Qwen2VLImageProcessor`` (torchvision backend) or ``Qwen2VLImageProcessorPil`` (PIL backend),
@@ -9,6 +9,18 @@ The transform: ``smart_resize`` to a multiple of ``patch_size * merge_size`` wit
 ``C * temporal_patch_size * patch_size**2`` values (the frame repeated ``temporal_patch_size``
 times), grouped by ``merge_size**2`` windows. Each ``<|image_pad|>`` becomes
 ``grid_t * grid_h * grid_w / merge_size**2`` of them.
+
+Intern-S1-Pro and Intern-S2-Mobius are rows of this family. vLLM registers both architectures
+with ``Qwen3VLMultiModalProcessor`` and ``Qwen3VLDummyInputsBuilder``
+(``vllm/model_executor/models/interns1_pro.py``, and ``interns2_mobius.py`` ->
+``interns2_preview.py``), i.e. the checkpoint's HF processor is a Qwen3-VL processor
+(``Qwen3VLProcessor`` over ``Qwen2VLImageProcessor``), not InternVL's tiling; sglang agrees for
+Intern-S2-Mobius (its Qwen-VL processor lists the architecture). The checkpoints' configs fit that
+processor: a Qwen3-VL vision tower with ``patch_size`` 16 and ``temporal_patch_size`` 2, and
+``image_token_id`` equal to the Qwen vocabulary's ``<|image_pad|>`` (151655 for Intern-S1-Pro,
+248056 for Intern-S2-Mobius, the Qwen3.5 vocabulary). Their offline reference is therefore
+``Qwen3VLProcessor`` with the Qwen3-VL preprocessor parameters; a checkpoint's own
+``preprocessor_config.json`` overrides them through :func:`~aiomm.adapters.from_pretrained`.
 """
 
 from __future__ import annotations
@@ -22,9 +34,9 @@ import numpy as np
 import torch
 
 from aiomm.adapters._normalization import BackendNormalization
-from aiomm.adapters._params import as_floats, size_edges
+from aiomm.adapters._params import resolve_params, size_edges
 from aiomm.adapters.offline import build_tokenizer
-from aiomm.adapters.registry import AdapterInfo, register
+from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
@@ -33,7 +45,6 @@ from aiomm.processing.image_ops import (
     Backend,
     Resample,
     as_tensor_view,
-    backend_of,
     patchify,
     resize,
     to_rgb_array,
@@ -116,6 +127,51 @@ def grid_fields_config(
     }
 
 
+# -------------------------------------------------------------------------- offline builders
+
+# Qwen3-VL and later checkpoints ship this preprocessor config (patch 16, mean/std 0.5, pixel
+# bounds 256x256 .. 4096x4096); Qwen2-VL and Qwen2.5-VL use the image processor's defaults.
+QWEN3_IMAGE_PARAMS: dict[str, Any] = {
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+}
+
+
+def _builder(
+    processor_name: str, video_name: str, image_params: Mapping[str, Any]
+) -> Callable[..., Any]:
+    """``build(backend, **overrides)``: transformers' ``processor_name`` over the backend's
+    ``Qwen2VLImageProcessor`` with ``image_params``, and a tokenizer built in code."""
+
+    def build(backend: str = "torchvision", **overrides: Any) -> Any:
+        import transformers
+
+        image_cls = {
+            "torchvision": transformers.Qwen2VLImageProcessor,
+            "pil": transformers.Qwen2VLImageProcessorPil,
+        }[backend]
+        params = {**image_params, **overrides}
+        video_params = {k: v for k, v in params.items() if k != "size"}
+        tokenizer = build_tokenizer(QWEN_SPECIAL_TOKENS, eos_token="<|endoftext|>")
+        return getattr(transformers, processor_name)(
+            image_processor=image_cls(**params),
+            tokenizer=tokenizer,
+            video_processor=getattr(transformers, video_name)(**video_params),
+        )
+
+    return build
+
+
+QWEN2 = _builder("Qwen2VLProcessor", "Qwen2VLVideoProcessor", {})
+QWEN2_5 = _builder("Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor", {})
+#: Qwen3-VL's processor and published parameters: every later member, and the Intern-S rows
+QWEN3 = _builder("Qwen3VLProcessor", "Qwen3VLVideoProcessor", QWEN3_IMAGE_PARAMS)
+
+
 @dataclass(frozen=True)
 class _TransformParams:
     min_pixels: int
@@ -131,12 +187,31 @@ class _TransformParams:
     image_std: tuple[float, ...]
 
 
+@register(
+    Architecture("qwen2-vl", "Qwen2VLForConditionalGeneration", QWEN2,
+                 "Qwen/Qwen2-VL-2B-Instruct"),
+    Architecture("qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", QWEN2_5,
+                 "Qwen/Qwen2.5-VL-3B-Instruct"),
+    Architecture("qwen3-vl", "Qwen3VLForConditionalGeneration", QWEN3,
+                 "Qwen/Qwen3-VL-4B-Instruct"),
+    Architecture("qwen3-vl-moe", "Qwen3VLMoeForConditionalGeneration", QWEN3,
+                 "Qwen/Qwen3-VL-30B-A3B-Instruct"),
+    Architecture("qwen3.5", "Qwen3_5ForConditionalGeneration", QWEN3, "Qwen/Qwen3.5-0.8B"),
+    Architecture("qwen3.5-moe", "Qwen3_5MoeForConditionalGeneration", QWEN3,
+                 "Qwen/Qwen3.5-35B-A3B"),
+    Architecture("qwen4-exp", "Qwen4ExpForConditionalGeneration", QWEN3,
+                 "Qwen/Qwen3.8-Flash-Next"),
+    # Qwen3-VL preprocessing as vLLM serves them (module docstring).
+    Architecture("intern-s1-pro", "InternS1ProForConditionalGeneration", QWEN3,
+                 "internlm/Intern-S1-Pro"),
+    Architecture("intern-s2-mobius", "InternS2MobiusForConditionalGeneration", QWEN3,
+                 "internlm/Intern-S2-Mobius"),
+)  # fmt: skip
 class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of every Qwen-VL family architecture (images)."""
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.PATCHES
 
-    supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
         {"image": IMAGE_PLACEHOLDER}
     )
@@ -145,8 +220,6 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
-        self.image_processor = hf_processor.image_processor
-        self.backend = backend_of(self.image_processor)
         self.image_token_id: int = int(hf_processor.image_token_id)
 
     # kwargs ---------------------------------------------------------------------------------
@@ -160,18 +233,8 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             raise ProcessorKwargsError(
                 "Qwen-VL needs size={'shortest_edge': min_pixels, 'longest_edge': max_pixels}"
             )
-        return _TransformParams(
-            min_pixels=int(shortest),
-            max_pixels=int(longest),
-            patch_size=int(hf_kwargs.get("patch_size", ip.patch_size)),
-            temporal_patch_size=int(hf_kwargs.get("temporal_patch_size", ip.temporal_patch_size)),
-            merge_size=int(hf_kwargs.get("merge_size", ip.merge_size)),
-            resample=Resample(int(hf_kwargs.get("resample", ip.resample))),
-            do_resize=bool(hf_kwargs.get("do_resize", ip.do_resize)),
-            do_convert_rgb=bool(hf_kwargs.get("do_convert_rgb", ip.do_convert_rgb)),
-            rescale_factor=float(hf_kwargs.get("rescale_factor", ip.rescale_factor)),
-            image_mean=as_floats(hf_kwargs.get("image_mean", ip.image_mean)),
-            image_std=as_floats(hf_kwargs.get("image_std", ip.image_std)),
+        return resolve_params(
+            _TransformParams, ip, hf_kwargs, min_pixels=int(shortest), max_pixels=int(longest)
         )
 
     def _get_hf_mm_inputs(
@@ -266,66 +329,3 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         return grid_prompt_updates(
             self.image_token_id, lambda i: self.num_image_tokens(items[i], hf_kwargs)
         )
-
-
-# -------------------------------------------------------------------------- offline builders
-
-# Qwen3-VL and later checkpoints ship this preprocessor config (patch 16, mean/std 0.5, pixel
-# bounds 256x256 .. 4096x4096); Qwen2-VL and Qwen2.5-VL use the image processor's defaults.
-QWEN3_IMAGE_PARAMS: dict[str, Any] = {
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
-}
-
-
-def _builder(processor_name: str, video_name: str, image_params: Mapping[str, Any]) -> Any:
-    def build(backend: str = "torchvision", **overrides: Any) -> Any:
-        import transformers
-
-        image_cls = {
-            "torchvision": transformers.Qwen2VLImageProcessor,
-            "pil": transformers.Qwen2VLImageProcessorPil,
-        }[backend]
-        params = {**image_params, **overrides}
-        video_params = {k: v for k, v in params.items() if k != "size"}
-        tokenizer = build_tokenizer(QWEN_SPECIAL_TOKENS, eos_token="<|endoftext|>")
-        return getattr(transformers, processor_name)(
-            image_processor=image_cls(**params),
-            tokenizer=tokenizer,
-            video_processor=getattr(transformers, video_name)(**video_params),
-        )
-
-    return build
-
-
-_FAMILY = (
-    ("qwen2-vl", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor", "Qwen2VLVideoProcessor",
-     {}, "Qwen/Qwen2-VL-2B-Instruct"),
-    ("qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
-     "Qwen2VLVideoProcessor", {}, "Qwen/Qwen2.5-VL-3B-Instruct"),
-    ("qwen3-vl", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor", "Qwen3VLVideoProcessor",
-     QWEN3_IMAGE_PARAMS, "Qwen/Qwen3-VL-4B-Instruct"),
-    ("qwen3-vl-moe", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLProcessor",
-     "Qwen3VLVideoProcessor", QWEN3_IMAGE_PARAMS, "Qwen/Qwen3-VL-30B-A3B-Instruct"),
-    ("qwen3.5", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor", "Qwen3VLVideoProcessor",
-     QWEN3_IMAGE_PARAMS, "Qwen/Qwen3.5-0.8B"),
-    ("qwen3.5-moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3VLProcessor",
-     "Qwen3VLVideoProcessor", QWEN3_IMAGE_PARAMS, "Qwen/Qwen3.5-35B-A3B"),
-    ("qwen4-exp", "Qwen4ExpForConditionalGeneration", "Qwen3VLProcessor", "Qwen3VLVideoProcessor",
-     QWEN3_IMAGE_PARAMS, "Qwen/Qwen3.8-Flash-Next"),
-)  # fmt: skip
-
-for _short, _arch, _proc, _video, _params, _example in _FAMILY:
-    register(
-        AdapterInfo(
-            short_name=_short,
-            architecture=_arch,
-            processor_cls=QwenVLProcessor,
-            build_hf_processor=_builder(_proc, _video, _params),
-            example_models=_example,
-        )
-    )

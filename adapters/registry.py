@@ -1,25 +1,62 @@
-"""The adapter registry: architecture names and short names -> processor classes."""
+"""The adapter registry: architecture names and short names -> processor classes.
+
+An adapter module registers its processor class with :func:`register`, one
+:class:`Architecture` row per model architecture the class serves; every public module of
+``aiomm.adapters`` is imported on first use, so a new module needs no list entry here. A new
+architecture whose preprocessing matches an existing family is one row in that family's
+``register`` call, e.g. a model served with Qwen3-VL's processor (in ``adapters/qwen_vl.py``)::
+
+    @register(
+        ...,
+        Architecture("my-vl", "MyVLForConditionalGeneration", QWEN3, "org/My-VL-7B"),
+    )
+    class QwenVLProcessor(...): ...
+
+where ``QWEN3`` builds the reference HF processor offline. The parity harness
+(``tests/support/adapter_parity.py``) then tests the row against that reference on both HF
+backends, with no new test code.
+
+:func:`supported_adapters` lists the adapters by module name, then in registration order within
+a module: the same order whatever was imported first.
+"""
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from aiomm.errors import UnknownArchitectureError
+from aiomm.errors import ConfigError, UnknownArchitectureError
 from aiomm.processing.processor import BaseMultiModalProcessor, MultiModalConfig
 
 __all__ = (
     "AdapterInfo",
+    "Architecture",
     "build_processor",
     "from_pretrained",
     "get_adapter_info",
     "register",
     "supported_adapters",
 )
+
+P = TypeVar("P", bound=type[BaseMultiModalProcessor])
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One model architecture a processor class serves: a row of :func:`register`."""
+
+    short_name: str
+    architecture: str
+    #: builds the reference HF processor offline from documented parameters:
+    #: ``build_hf_processor(backend="torchvision" | "pil")``
+    build_hf_processor: Callable[..., Any]
+    example_models: str = ""
 
 
 @dataclass(frozen=True)
@@ -40,24 +77,57 @@ class AdapterInfo:
         return self.processor_cls.default_device_normalize
 
 
+def _duplicate(name: str, registered: AdapterInfo, new: AdapterInfo) -> ConfigError:
+    def where(info: AdapterInfo) -> str:
+        return f"{info.processor_cls.__module__}.{info.processor_cls.__qualname__}"
+
+    return ConfigError(
+        f"adapter name {name!r} is registered twice: by {where(registered)} and by {where(new)}"
+    )
+
+
 _BY_NAME: dict[str, AdapterInfo] = {}
-_ORDER: list[AdapterInfo] = []
+#: (module, registration number, info): sorted, the order of :func:`supported_adapters`
+_ENTRIES: list[tuple[str, int, AdapterInfo]] = []
+_COUNTER = itertools.count()
 
 
-def register(info: AdapterInfo) -> AdapterInfo:
-    """Register an adapter under its short name and its architecture name."""
-    for key in (info.short_name, info.architecture):
-        if key in _BY_NAME:
-            raise ValueError(f"adapter name {key!r} is registered twice")
-        _BY_NAME[key] = info
-    _ORDER.append(info)
-    return info
+def register(*rows: Architecture) -> Callable[[P], P]:
+    """Class decorator: register the processor class under each row's short and architecture
+    names.
+
+    :raises ConfigError: if a name is taken (then none of the rows is registered).
+    """
+
+    def decorate(cls: P) -> P:
+        infos = [
+            AdapterInfo(
+                short_name=row.short_name,
+                architecture=row.architecture,
+                processor_cls=cls,
+                build_hf_processor=row.build_hf_processor,
+                example_models=row.example_models,
+            )
+            for row in rows
+        ]
+        taken: dict[str, AdapterInfo] = {}
+        for info in infos:
+            for key in (info.short_name, info.architecture):
+                if key in _BY_NAME or key in taken:
+                    raise _duplicate(key, _BY_NAME.get(key) or taken[key], info)
+                taken[key] = info
+        _BY_NAME.update(taken)
+        _ENTRIES.extend((cls.__module__, next(_COUNTER), info) for info in infos)
+        _ENTRIES.sort(key=lambda entry: entry[:2])
+        return cls
+
+    return decorate
 
 
 def supported_adapters() -> list[AdapterInfo]:
-    """Every registered adapter, in registration order."""
+    """Every registered adapter: by module name, then in registration order."""
     _load_builtin()
-    return list(_ORDER)
+    return [info for _, _, info in _ENTRIES]
 
 
 def get_adapter_info(name: str) -> AdapterInfo:
@@ -69,7 +139,7 @@ def get_adapter_info(name: str) -> AdapterInfo:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise UnknownArchitectureError(name, (i.architecture for i in _ORDER)) from None
+        raise UnknownArchitectureError(name, (e[2].architecture for e in _ENTRIES)) from None
 
 
 def build_processor(
@@ -83,6 +153,8 @@ def build_processor(
 
     Without ``hf_processor``, the reference processor is built offline from the architecture's
     documented parameters (with a tokenizer built in code), using ``backend``'s image processor.
+
+    :raises UnknownArchitectureError: if no adapter has that name.
     """
     info = get_adapter_info(name)
     if hf_processor is None:
@@ -132,20 +204,16 @@ def from_pretrained(
 _loaded = False
 
 
-#: adapter modules (``aiomm.adapters.<name>``) that register themselves on import
-_BUILTIN_MODULES: tuple[str, ...] = (
-    "qwen_vl",
-    "intern_s",
-    "nemotron_vl",
-    "glm",
-    "mistral3",
-    "chameleon",
-)
-
-
 def _load_builtin() -> None:
+    """Import every public module of ``aiomm.adapters`` (each registers its adapters)."""
     global _loaded
-    if not _loaded:
-        _loaded = True
-        for module in _BUILTIN_MODULES:
-            importlib.import_module(f"aiomm.adapters.{module}")
+    if _loaded:
+        return
+    package = importlib.import_module(__package__ or "aiomm.adapters")
+    for module in pkgutil.iter_modules(package.__path__):
+        # Private modules are helpers; registry and offline register nothing (importing them
+        # would be harmless, skipping them keeps the intent plain).
+        if module.name.startswith("_") or module.name in ("registry", "offline"):
+            continue
+        importlib.import_module(f"{package.__name__}.{module.name}")
+    _loaded = True

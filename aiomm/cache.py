@@ -17,13 +17,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 from aiocache.base import BaseCache
 from aiocache.serializers import BaseSerializer, NullSerializer
 
+from aiomm.logging import get_logger
+
 __all__ = ("DEFAULT_CAPACITY_BYTES", "ByteLRUCache", "CacheStatistics", "nbytes_of")
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 #: 4 GiB, vLLM's default per-process multimodal cache size.
 DEFAULT_CAPACITY_BYTES = 4 * 1024**3

@@ -26,7 +26,6 @@ from aiomm.types import Request, Result
 __all__ = ("main",)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
-PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 def _expand_sources(sources: Sequence[str]) -> list[str]:
@@ -40,13 +39,16 @@ def _expand_sources(sources: Sequence[str]) -> list[str]:
     return out
 
 
-def _requests(sources: list[str], per_request: int, repeats: int) -> Iterator[Request]:
+def _requests(
+    sources: list[str], per_request: int, repeats: int, placeholder: str
+) -> Iterator[Request]:
+    """Requests of ``per_request`` images each; ``placeholder`` is one image's placeholder text
+    as the adapter's chat template writes it."""
     index = 0
     for _ in range(repeats):
         for start in range(0, len(sources), per_request):
             images = sources[start : start + per_request]
-            text = " ".join(["<|im_start|>user describe the image", *[PLACEHOLDER] * len(images),
-                             "<|im_end|>"])  # fmt: skip
+            text = " ".join(["describe the image", *[placeholder] * len(images), "please"])
             yield Request(prompt=text, images=images, request_id=f"req-{index:05d}")
             index += 1
 
@@ -67,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--allowed-root", type=Path, help="local files allowed under this folder")
     run.add_argument("--no-progress", action="store_true")
     sub.add_parser(
-        "bench", add_help=False, help="streaming benchmark (bench/stream_bench.py; --help)"
+        "bench", add_help=False, help="streaming benchmark (bench/stream_bench/; --help)"
     )
     return parser
 
@@ -99,19 +101,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    """Run bench/stream_bench.py: it lives in the source checkout, not in the package."""
-    import importlib.util
+    """Run the ``stream_bench`` package: it lives in the source checkout's bench/, not in aiomm."""
+    import importlib
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "stream_bench.py"
-    if not path.is_file():
-        print(f"aiomm bench needs a source checkout (an editable install): {path} not found")
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    if not (bench / "stream_bench" / "__init__.py").is_file():
+        print(
+            "aiomm bench needs a source checkout (an editable install): "
+            f"{bench / 'stream_bench'} not found"
+        )
         return 2
-    spec = importlib.util.spec_from_file_location("aiomm_stream_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return int(module.main(argv))
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    return int(importlib.import_module("stream_bench.cli").main(argv))
 
 
 def _backend() -> dict[str, object]:
@@ -135,7 +137,8 @@ async def _run(args: argparse.Namespace, sources: list[str], root: Path | None,
         **kwargs,
     )
     engine = Engine.from_pretrained(args.model, config, backend=args.backend)
-    requests = list(_requests(sources, args.images_per_request, args.repeats))
+    placeholder = engine.processor.dummy_inputs.get_dummy_text({"image": 1})
+    requests = list(_requests(sources, args.images_per_request, args.repeats, placeholder))
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -163,6 +166,10 @@ def _print_summary(results: list[Result], elapsed: float, stats: object, output:
     ok = [r for r in results if r.ok]
     images = sum(len(r.cache) for r in ok)
     latencies = sorted(r.timings.get("total", 0.0) for r in ok)
+
+    def latency(q: float) -> str:
+        return f"{percentile(latencies, q) * 1000:.1f} ms" if latencies else "-"
+
     outcomes = [c.value for r in ok for c in r.cache]
     hits = sum(o in ("hit", "joined") for o in outcomes)
     rows = [
@@ -171,8 +178,8 @@ def _print_summary(results: list[Result], elapsed: float, stats: object, output:
         ("wall time", f"{elapsed:.2f} s"),
         ("images/s", f"{images / elapsed:.1f}" if elapsed else "-"),
         ("requests/s", f"{len(results) / elapsed:.1f}" if elapsed else "-"),
-        ("latency p50", f"{percentile(latencies, 50) * 1000:.1f} ms"),
-        ("latency p99", f"{percentile(latencies, 99) * 1000:.1f} ms"),
+        ("latency p50", latency(50)),
+        ("latency p99", latency(99)),
         ("cache hit rate", f"{hits / len(outcomes):.0%}" if outcomes else "-"),
         ("results", str(output)),
     ]

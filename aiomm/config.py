@@ -1,18 +1,39 @@
-"""EngineConfig: every knob of the engine, frozen, with defaults that suit a serving host."""
+"""Every configuration record of aiomm: frozen dataclasses with defaults that suit a serving host.
+
+A leaf module: it imports only the standard library and :mod:`aiomm.errors`, so building a
+configuration loads neither torch, httpx nor transformers. The stages re-export their record
+(``aiomm.fetch.FetchConfig`` is :class:`FetchConfig`).
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from aiomm.decode import DecodeConfig
-from aiomm.fetch import FetchConfig
-from aiomm.processing.processor import MultiModalConfig
+from aiomm.errors import ConfigError
 
-__all__ = ("EngineConfig",)
+__all__ = (
+    "DEFAULT_MAX_PIXELS",
+    "DecodeConfig",
+    "EngineConfig",
+    "FetchConfig",
+    "MultiModalConfig",
+    "TransformMode",
+    "VisualDtype",
+)
 
 VisualDtype = Literal["bfloat16", "float16", "float32"]
+TransformMode = Literal["auto", "hf", "native"]
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: 64 Mi pixels, e.g. 8192 x 8192: a 192 MiB RGB array.
+DEFAULT_MAX_PIXELS = 64 * 2**20
+
+_VISUAL_DTYPES = ("bfloat16", "float16", "float32")
+_TRANSFORM_MODES = ("auto", "hf", "native")
 
 
 def _cores() -> int:
@@ -22,11 +43,149 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but ``max_bytes=True`` is a mistake, not the number 1
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(owner: object, name: str, *, minimum: int, optional: bool = False) -> None:
+    value = getattr(owner, name)
+    if optional and value is None:
+        return
+    if not _is_int(value) or value < minimum:
+        got = f"{value!r} ({type(value).__name__})"
+        raise ConfigError(
+            f"{type(owner).__name__}.{name} must be an integer >= {minimum}"
+            f"{' or None' if optional else ''}, got {got}"
+        )
+
+
+def _check_positive_number(owner: object, name: str) -> None:
+    value = getattr(owner, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(
+            f"{type(owner).__name__}.{name} must be a positive number of seconds, got "
+            f"{value!r} ({type(value).__name__})"
+        )
+
+
+def _check_choice(owner: object, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(owner, name)
+    if value not in choices:
+        raise ConfigError(
+            f"{type(owner).__name__}.{name} must be one of {', '.join(map(repr, choices))}, "
+            f"got {value!r}"
+        )
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """Limits and the address policy of a :class:`~aiomm.fetch.MediaFetcher`.
+
+    Address policy: public addresses are allowed. Loopback needs ``allow_loopback``; private
+    (RFC 1918, CGNAT, unique-local) and link-local need ``allow_private_addresses``. Cloud
+    metadata (:data:`aiomm.fetch.METADATA_ADDRESSES`), unspecified (``0.0.0.0``, ``::``),
+    multicast and reserved/documentation ranges are always refused. ``allowed_networks``
+    overrides all of it: an address inside one of those networks is allowed whatever its kind.
+
+    :raises ConfigError: a non-positive timeout or size, a negative redirect limit, or a string in
+        ``allowed_networks`` that is not a network.
+    """
+
+    #: seconds to resolve the host and open the TCP (and TLS) connection
+    connect_timeout: float = 5.0
+    #: seconds without receiving any data
+    read_timeout: float = 10.0
+    #: seconds for the whole fetch, redirects included (bounds slow-drip servers)
+    total_timeout: float = 60.0
+    #: largest body accepted, for every source kind
+    max_bytes: int = 64 * 2**20
+    #: redirects followed before TooManyRedirectsError
+    max_redirects: int = 3
+    allow_loopback: bool = False
+    allow_private_addresses: bool = False
+    #: networks always allowed (strings are parsed), e.g. ``("10.1.0.0/16",)`` for an internal CDN
+    allowed_networks: tuple[IPNetwork, ...] = ()
+    #: local paths and ``file:`` URLs are read only under this directory; None refuses them all
+    allowed_local_root: Path | None = None
+    user_agent: str = "aiomm/0.1"
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout", "read_timeout", "total_timeout"):
+            _check_positive_number(self, name)
+        _check_int(self, "max_bytes", minimum=1)
+        _check_int(self, "max_redirects", minimum=0)
+        networks: list[IPNetwork] = []
+        for i, net in enumerate(self.allowed_networks):
+            try:
+                networks.append(ipaddress.ip_network(net))
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(
+                    f"FetchConfig.allowed_networks[{i}]={net!r} ({type(net).__name__}) is not an "
+                    f"IPv4 or IPv6 network: {exc}"
+                ) from exc
+        object.__setattr__(self, "allowed_networks", tuple(networks))
+        if self.allowed_local_root is not None:
+            try:
+                root = Path(self.allowed_local_root)
+            except TypeError as exc:
+                raise ConfigError(
+                    "FetchConfig.allowed_local_root must be a path or None, got "
+                    f"{type(self.allowed_local_root).__name__}"
+                ) from exc
+            object.__setattr__(self, "allowed_local_root", root)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Limits of the decode stage.
+
+    :raises ConfigError: ``max_pixels`` not a positive integer, or ``pillow_blocks_kept`` < 0.
+    """
+
+    #: largest ``width * height`` decoded; larger images raise ImageTooLargeError unread.
+    #: Pillow itself refuses images above ``2 * PIL.Image.MAX_IMAGE_PIXELS`` (about 179 Mi
+    #: pixels), so a larger value has no effect unless the application raises Pillow's limit.
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    #: Pillow image-memory blocks (16 MiB each by default) kept for reuse between decodes,
+    #: process-wide. Without them every decode maps fresh memory that the kernel zero-fills page
+    #: by page, about a fifth of a JPEG decode. None: four per transform thread; 0: Pillow's
+    #: default (none kept). The engine raises Pillow's setting to this, never lowers it.
+    pillow_blocks_kept: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int(self, "max_pixels", minimum=1)
+        _check_int(self, "pillow_blocks_kept", minimum=0, optional=True)
+
+
+@dataclass(frozen=True)
+class MultiModalConfig:
+    """Per-processor options.
+
+    ``mm_device_do_normalize``: None takes the adapter's default (True for every supported
+    architecture). When on, the transform runs with rescale and normalise disabled and
+    ``pixel_values`` come out as uint8, to be normalised on the device by ``FusedMMInputNorm``.
+    ``transform``: ``hf`` calls the HF processor; ``native`` runs aiomm's own uint8 transform;
+    ``auto`` takes ``native`` where the adapter has one proven equal to ``hf``.
+
+    :raises ConfigError: ``transform`` is not ``auto``, ``hf`` or ``native``.
+    """
+
+    mm_device_do_normalize: bool | None = None
+    transform: TransformMode = "auto"
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "transform", _TRANSFORM_MODES)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Configuration of an :class:`~aiomm.Engine`.
 
     Every queue and pool is bounded by one of these fields; none is unbounded.
+
+    :raises ConfigError: a count or size out of range, an unknown ``visual_dtype``, or a
+        ``fetch``/``decode``/``processing`` field of the wrong type.
     """
 
     #: worker threads for decode + resize + patchify (GIL-releasing work): one per core
@@ -78,16 +237,23 @@ class EngineConfig:
             "transform_threads",
             "fetch_concurrency",
             "max_in_flight",
+            "max_decoded_bytes_in_flight",
             "device_staging_buffers",
+            "device_staging_buffer_bytes",
+            "device_staging_max_buffer_bytes",
+        ):
+            _check_int(self, name, minimum=1)
+        for name in ("cache_capacity_bytes", "host_output_pool_bytes", "hash_in_thread_bytes"):
+            _check_int(self, name, minimum=0)
+        _check_int(self, "torch_threads", minimum=1, optional=True)
+        _check_choice(self, "visual_dtype", _VISUAL_DTYPES)
+        for name, expected in (
+            ("fetch", FetchConfig),
+            ("decode", DecodeConfig),
+            ("processing", MultiModalConfig),
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
-        if self.max_decoded_bytes_in_flight < 1:
-            raise ValueError("max_decoded_bytes_in_flight must be positive")
-        if self.host_output_pool_bytes < 0:
-            raise ValueError("host_output_pool_bytes must be >= 0")
-        if self.cache_capacity_bytes < 0:
-            raise ValueError("cache_capacity_bytes must be >= 0")
-        if self.visual_dtype not in ("bfloat16", "float16", "float32"):
-            raise ValueError(f"visual_dtype={self.visual_dtype!r} is not bfloat16/float16/float32")
+            if not isinstance(value, expected):
+                raise ConfigError(
+                    f"EngineConfig.{name} must be a {expected.__name__}, got {type(value).__name__}"
+                )

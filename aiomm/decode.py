@@ -13,12 +13,13 @@ from __future__ import annotations
 import io
 import threading
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import PIL.Image
 
+from aiomm.config import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS
+from aiomm.config import DecodeConfig as DecodeConfig
 from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError, ProcessingError
 from aiomm.processing.image_ops import to_rgb_array
 
@@ -30,9 +31,6 @@ __all__ = (
     "probe_image_size",
 )
 
-#: 64 Mi pixels, e.g. 8192 x 8192: a 192 MiB RGB array.
-DEFAULT_MAX_PIXELS = 64 * 2**20
-
 # Pillow's modes for 16-bit (and 32-bit integer) greyscale.
 _WIDE_GREY_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 _MESSAGE_CHARS = 80
@@ -40,27 +38,6 @@ _MESSAGE_CHARS = 80
 # warnings.catch_warnings() swaps the process-wide filter list, so two threads inside it at once
 # can restore each other's filters; the lock serialises only Image.open, a header parse.
 _OPEN_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Limits of the decode stage."""
-
-    #: largest ``width * height`` decoded; larger images raise ImageTooLargeError unread.
-    #: Pillow itself refuses images above ``2 * PIL.Image.MAX_IMAGE_PIXELS`` (about 179 Mi
-    #: pixels), so a larger value has no effect unless the application raises Pillow's limit.
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    #: Pillow image-memory blocks (16 MiB each by default) kept for reuse between decodes,
-    #: process-wide. Without them every decode maps fresh memory that the kernel zero-fills page
-    #: by page, about a fifth of a JPEG decode. None: four per transform thread; 0: Pillow's
-    #: default (none kept). The engine raises Pillow's setting to this, never lowers it.
-    pillow_blocks_kept: int | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
-            raise ValueError(f"max_pixels={self.max_pixels!r} must be a positive integer")
-        if self.pillow_blocks_kept is not None and self.pillow_blocks_kept < 0:
-            raise ValueError(f"pillow_blocks_kept={self.pillow_blocks_kept!r} must be >= 0")
 
 
 def keep_pillow_blocks(blocks: int) -> int:
@@ -148,14 +125,17 @@ def _open(data: bytes, max_pixels: int) -> PIL.Image.Image:
             image = PIL.Image.open(io.BytesIO(data))
     except PIL.Image.DecompressionBombError as exc:
         raise ImageTooLargeError(
-            f"Pillow refuses a decompression bomb: {_cut(exc)} (limit here: {max_pixels} pixels)"
+            f"Pillow refuses a decompression bomb ({len(data)} bytes): {_cut(exc)} "
+            f"(limit here: {max_pixels} pixels)"
         ) from exc
     except PIL.UnidentifiedImageError as exc:
         raise DecodeError(f"not a recognised image format ({len(data)} bytes)") from exc
     except MemoryError:
         raise
     except Exception as exc:  # Pillow's plugins raise a wide range of classes on bad headers
-        raise DecodeError(f"cannot read the image header: {_describe(exc)}") from exc
+        raise DecodeError(
+            f"cannot read the image header of {len(data)} bytes: {_describe(exc)}"
+        ) from exc
     try:
         _check_pixels(image.width, image.height, max_pixels, image.format)
     except BaseException:
@@ -183,7 +163,10 @@ def _load(image: PIL.Image.Image) -> None:
     except MemoryError:
         raise
     except Exception as exc:
-        raise DecodeError(f"cannot decode {_format(image)}: {_describe(exc)}") from exc
+        raise DecodeError(
+            f"cannot decode {_format(image)} ({image.width}x{image.height}, mode {image.mode}): "
+            f"{_describe(exc)}"
+        ) from exc
 
 
 def _rgb(image: PIL.Image.Image) -> np.ndarray:

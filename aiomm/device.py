@@ -26,8 +26,9 @@ Device tensors live until the events that order their last use have completed (n
 another, and decode of others on the CPU. CUDA events time the copy and the kernel.
 
 On a CPU device the same API runs in a worker thread and touches nothing CUDA-specific: uint8
-rows are normalised by table lookups (``kernels/table_norm.py``), compact rows looked up and
-repeated in one pass, into results whose memory is recycled from dropped results
+rows are normalised by table lookups and compact rows looked up and repeated in one pass
+(:meth:`FusedMMInputNorm.forward_rows` picks the path), into results whose memory is recycled
+from dropped results
 (:class:`~aiomm.host_buffers.HostBufferPool`). On CUDA, inputs larger than one staging buffer may
 hold are copied from pageable memory.
 """
@@ -46,9 +47,7 @@ import torch
 
 from aiomm.errors import KernelInputError, OutputBufferError, UnsupportedDtypeError
 from aiomm.host_buffers import HostBufferPool, HostBufferPoolStatistics
-from aiomm.kernels import ChannelLayout, FusedMMInputNorm
-from aiomm.kernels.norm import OUTPUT_DTYPES
-from aiomm.kernels.table_norm import normalize_rows_by_table
+from aiomm.kernels import OUTPUT_DTYPES, FusedMMInputNorm, expand_repeat
 from aiomm.pinned_pool import (
     CudaEventFence,
     PinnedBuffer,
@@ -138,6 +137,9 @@ class DeviceStage:
         self._cuda = self.device.type == "cuda"
         self._timing = timing and self._cuda
         use_pool = self._cuda if staging is None else staging
+        #: the stage's worker threads (host copies, launches, waits for the GPU): as many as
+        #: staging slots, so CPU and CUDA admit the same work at once
+        self.workers = anyio.CapacityLimiter(staging_buffers)
         self.pool: PinnedBufferPool | None = (
             PinnedBufferPool(
                 staging_buffers,
@@ -239,7 +241,9 @@ class DeviceStage:
             return result
         if resident:
             consumer = torch.cuda.current_stream(self.device)
-            done = await anyio.to_thread.run_sync(self._resident_sync, x, params, out, consumer)
+            done = await anyio.to_thread.run_sync(
+                self._resident_sync, x, params, out, consumer, limiter=self.workers
+            )
         elif self._cuda:
             # The caller's stream, read on the caller's thread: the output belongs to it.
             consumer = torch.cuda.current_stream(self.device)
@@ -247,7 +251,9 @@ class DeviceStage:
         elif self.pool is not None:
             done = await self._staged(self._cpu_staged_sync, x, params, out)
         else:
-            done = await anyio.to_thread.run_sync(self._cpu_sync, x, params, out)
+            done = await anyio.to_thread.run_sync(
+                self._cpu_sync, x, params, out, limiter=self.workers
+            )
         self._account(done)
         return done.result
 
@@ -262,9 +268,13 @@ class DeviceStage:
         transfer = x.dtype if params is not None else self.dtype
         nbytes = x.numel * transfer.itemsize
         if self.pool is None or not self.pool.fits(nbytes):
-            return await anyio.to_thread.run_sync(fn, x, params, out, *args, None)
+            return await anyio.to_thread.run_sync(
+                fn, x, params, out, *args, None, limiter=self.workers
+            )
         async with self.pool.lease(nbytes) as buffer:
-            return await anyio.to_thread.run_sync(fn, x, params, out, *args, buffer)
+            return await anyio.to_thread.run_sync(
+                fn, x, params, out, *args, buffer, limiter=self.workers
+            )
 
     def _account(self, done: _Done) -> None:
         self._runs += 1
@@ -306,19 +316,9 @@ class DeviceStage:
         else:
             module = self._module(params)
             for part, rows in x.slices(dst):
-                if x.repeat is None:
-                    module.forward_table(part, self.dtype, rows, params.layout)
-                elif (
-                    part.dtype == torch.uint8
-                    and params.layout is ChannelLayout.PATCHES
-                    and x.repeat[0] == module.num_channels
-                ):
-                    # compact uint8 rows: looked up and repeated in one pass over the output
-                    rows_in = part if part.stride(-1) == 1 else part.contiguous()
-                    table = module.table(self.dtype)
-                    normalize_rows_by_table(table, rows_in, rows, times=x.repeat[1])
-                else:  # normalise the compact rows, then expand them in the copy
-                    x.fill(rows, module.forward_table(part, self.dtype, layout=params.layout))
+                # the module picks the path: compact uint8 rows are looked up and repeated in
+                # one pass over the output
+                module.forward_rows(part, self.dtype, rows, params.layout, repeat=x.repeat)
         return _Done(dst, 0, False, None, None)
 
     def _cpu_staged_sync(
@@ -367,7 +367,7 @@ class DeviceStage:
     async def _ensure_cuda(self) -> None:
         if self._streams is None:
             # CUDA's lazy initialisation takes a while: never on the event loop.
-            await anyio.to_thread.run_sync(self._init_cuda)
+            await anyio.to_thread.run_sync(self._init_cuda, limiter=self.workers)
 
     def _init_cuda(self) -> None:
         with self._lock:
@@ -552,10 +552,8 @@ class _Rows:
         if self.repeat is None:
             rows.copy_(part)
             return
-        blocks, times = self.repeat
-        n, width = part.shape[0], part.shape[1] // blocks
-        target = rows.view(n, blocks, times, width)
-        target.copy_(part.reshape(n, blocks, 1, width).expand(n, blocks, times, width))
+        expanded = expand_repeat(part, self.repeat)
+        rows.view(expanded.shape).copy_(expanded)
 
     def copy_into(self, dst: torch.Tensor) -> None:
         """Copy (casting to ``dst``'s dtype) every part into its rows of ``dst``."""

@@ -1,42 +1,48 @@
 """The exceptions aiomm raises.
 
-Every error is an :class:`AiommError`; leaves also subclass the builtin a caller would expect, so
+Every error is an :class:`AiommError`; most also subclass the builtin a caller would expect, so
 ``except ValueError`` keeps working. Messages name what was wrong (shapes, dtypes, counts, names)
-and never embed payloads::
+and never embed payloads. Any error may carry the ``request_id`` and ``item_index`` it concerns;
+``str()`` shows them when set::
 
     AiommError
-    ├── KernelInputError (ValueError)          bad tensors handed to a device kernel
-    │   ├── UnsupportedDtypeError (TypeError)  input/output dtype the kernel does not take
-    │   ├── LayoutError                         channel layout does not fit the tensor's shape
-    │   └── OutputBufferError                   ``out`` of the wrong dtype, shape, device or size
-    ├── ProcessingError (ValueError)            multimodal processing of one request failed
-        ├── UnknownModalityError                a modality the adapter does not handle
-        ├── ItemCountMismatchError              images vs placeholders in the prompt
-        ├── PromptUpdateError                   a prompt update cannot be applied or found
-        ├── ProcessorKwargsError                processor kwargs the processor rejects
-        ├── PixelValueRoundingError             uint8 output would not be exact
-        └── UnknownArchitectureError (KeyError) no adapter for that architecture name
-    ├── MediaError (ValueError)                 an item could not be loaded
-    │   ├── FetchError                          could not obtain the encoded bytes
-    │   │   ├── InvalidSourceError              malformed URL / data URL / unsupported source
-    │   │   ├── BlockedAddressError             SSRF guard: private, loopback, metadata address
-    │   │   ├── PathNotAllowedError             local path outside the allowed root
-    │   │   ├── DownloadTooLargeError           body exceeded the size cap
-    │   │   ├── TooManyRedirectsError           redirect limit exceeded
-    │   │   ├── FetchTimeoutError (TimeoutError) connect or read timeout
-    │   │   └── HTTPStatusError                 non-2xx response
-    │   └── DecodeError                         corrupt, truncated, empty or unsupported image
-    │       └── ImageTooLargeError              pixel count above the limit (decompression bomb)
-    └── EngineClosedError (RuntimeError)        the engine is not open
+    ├── ConfigError (ValueError)                   a configuration field out of range or mistyped
+    ├── InvalidRequestError (ValueError)           a Request whose fields contradict each other
+    ├── KernelInputError (ValueError)              bad tensors handed to a device kernel
+    │   ├── UnsupportedDtypeError (TypeError)      input/output dtype the kernel does not take
+    │   ├── LayoutError                            channel layout does not fit the tensor's shape
+    │   └── OutputBufferError                      ``out`` of the wrong dtype, shape, device, size
+    ├── ProcessingError (ValueError)               multimodal processing of one request failed
+    │   ├── UnknownModalityError                   a modality the adapter does not handle
+    │   ├── ItemCountMismatchError                 images vs placeholders in the prompt
+    │   ├── PromptUpdateError                      a prompt update cannot be applied or found
+    │   ├── ProcessorKwargsError                   processor kwargs the processor rejects
+    │   └── PixelValueRoundingError                uint8 output would not be exact
+    ├── UnknownArchitectureError (KeyError)        no adapter for that architecture name
+    ├── MediaError (ValueError)                    an item could not be loaded
+    │   ├── FetchError                             could not obtain the encoded bytes
+    │   │   ├── InvalidSourceError                 malformed URL / data URL / unsupported source
+    │   │   ├── BlockedAddressError                SSRF guard: private, loopback, metadata address
+    │   │   ├── PathNotAllowedError                local path outside the allowed root
+    │   │   ├── DownloadTooLargeError              body exceeded the size cap
+    │   │   ├── TooManyRedirectsError              redirect limit exceeded
+    │   │   ├── FetchTimeoutError (TimeoutError)   connect, read or total timeout
+    │   │   └── HTTPStatusError                    non-2xx response (``status_code``, ``url``)
+    │   └── DecodeError                            corrupt, truncated, empty or unsupported image
+    │       └── ImageTooLargeError                 pixel count above the limit (decompression bomb)
+    └── EngineClosedError (RuntimeError)           the engine is not open
 """
 
 from __future__ import annotations
 
+import http
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 __all__ = (
     "AiommError",
     "BlockedAddressError",
+    "ConfigError",
     "DecodeError",
     "DownloadTooLargeError",
     "EngineClosedError",
@@ -44,6 +50,7 @@ __all__ = (
     "FetchTimeoutError",
     "HTTPStatusError",
     "ImageTooLargeError",
+    "InvalidRequestError",
     "InvalidSourceError",
     "ItemCountMismatchError",
     "KernelInputError",
@@ -61,9 +68,76 @@ __all__ = (
     "UnsupportedDtypeError",
 )
 
+_E = TypeVar("_E", bound="AiommError")
+
+
+def _rebuild(cls: type[AiommError], args: tuple[Any, ...], state: dict[str, Any]) -> AiommError:
+    # Leaves take fields, not the composed message, so unpickling must not call __init__.
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
 
 class AiommError(Exception):
-    """Base class of every error aiomm raises."""
+    """Base class of every error aiomm raises.
+
+    ``request_id`` and ``item_index`` name the request and the item (its position among the
+    request's items) the error concerns, when known. The layer that knows them attaches them
+    with :meth:`with_context`; ``str()`` shows them after the message.
+    """
+
+    request_id: str | None
+    item_index: int | None
+
+    def __init__(
+        self, *args: object, request_id: str | None = None, item_index: int | None = None
+    ) -> None:
+        super().__init__(*args)
+        self.request_id = request_id
+        self.item_index = item_index
+
+    def with_context(
+        self: _E, *, request_id: str | None = None, item_index: int | None = None
+    ) -> _E:
+        """Attach the request and item this error concerns and return the error itself.
+
+        Only the values given are set, so an outer layer adding ``request_id`` keeps the
+        ``item_index`` an inner layer attached: ``raise err.with_context(request_id=rid)``.
+        """
+        if request_id is not None:
+            self.request_id = request_id
+        if item_index is not None:
+            self.item_index = item_index
+        return self
+
+    @property
+    def message(self) -> str:
+        """The message without the request context."""
+        return self._message()
+
+    def _message(self) -> str:
+        return super().__str__()
+
+    def __str__(self) -> str:
+        context = []
+        if getattr(self, "request_id", None) is not None:
+            context.append(f"request_id={self.request_id!r}")
+        if getattr(self, "item_index", None) is not None:
+            context.append(f"item_index={self.item_index}")
+        message = self._message()
+        return f"{message} [{', '.join(context)}]" if context else message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
+
+
+class ConfigError(AiommError, ValueError):
+    """Raised when a configuration field is out of range or of the wrong type."""
+
+
+class InvalidRequestError(AiommError, ValueError):
+    """Raised when a :class:`~aiomm.Request` is malformed (its fields contradict each other)."""
 
 
 class KernelInputError(AiommError, ValueError):
@@ -131,16 +205,28 @@ class UnknownArchitectureError(AiommError, KeyError):
         self.supported = tuple(sorted(supported))
         super().__init__(name)
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
+        # KeyError's own __str__ would show only the quoted name
         return f"unknown architecture {self.name!r}; supported: {', '.join(self.supported)}"
 
 
 class MediaError(AiommError, ValueError):
     """Raised when an item (image) cannot be loaded; ``source`` names it without its payload."""
 
-    def __init__(self, message: str, *, source: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        request_id: str | None = None,
+        item_index: int | None = None,
+    ) -> None:
         self.source = source
-        super().__init__(f"{message} (source: {source})" if source else message)
+        super().__init__(
+            f"{message} (source: {source})" if source else message,
+            request_id=request_id,
+            item_index=item_index,
+        )
 
 
 class FetchError(MediaError):
@@ -172,7 +258,28 @@ class FetchTimeoutError(FetchError, TimeoutError):
 
 
 class HTTPStatusError(FetchError):
-    """Raised for a non-success HTTP status."""
+    """Raised for a non-success HTTP status; ``status_code`` holds it, ``url`` the URL shown."""
+
+    def __init__(
+        self,
+        status_code: int,
+        url: str | None = None,
+        *,
+        request_id: str | None = None,
+        item_index: int | None = None,
+    ) -> None:
+        self.status_code = status_code
+        self.url = url
+        try:
+            reason = f" {http.HTTPStatus(status_code).phrase}"
+        except ValueError:  # a status code outside the registry, e.g. 599
+            reason = ""
+        super().__init__(
+            f"HTTP status {status_code}{reason}",
+            source=url,
+            request_id=request_id,
+            item_index=item_index,
+        )
 
 
 class DecodeError(MediaError):

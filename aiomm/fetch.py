@@ -33,8 +33,8 @@ from urllib.parse import unquote, unquote_to_bytes, urljoin, urlsplit
 import anyio
 import httpcore
 import httpx
-import structlog
 
+from aiomm.config import FetchConfig as FetchConfig
 from aiomm.errors import (
     AiommError,
     BlockedAddressError,
@@ -46,6 +46,7 @@ from aiomm.errors import (
     PathNotAllowedError,
     TooManyRedirectsError,
 )
+from aiomm.logging import get_logger
 
 __all__ = (
     "METADATA_ADDRESSES",
@@ -55,7 +56,7 @@ __all__ = (
     "address_refusal",
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -86,49 +87,6 @@ _DATA_URL_SHOWN = 40
 _URL_SHOWN = 200
 # base64 payloads above this size are decoded in a worker thread, not on the loop.
 _DATA_URL_THREAD_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class FetchConfig:
-    """Limits and the address policy of a :class:`MediaFetcher`.
-
-    Address policy: public addresses are allowed. Loopback needs ``allow_loopback``; private
-    (RFC 1918, CGNAT, unique-local) and link-local need ``allow_private_addresses``. Cloud
-    metadata (:data:`METADATA_ADDRESSES`), unspecified (``0.0.0.0``, ``::``), multicast and
-    reserved/documentation ranges are always refused. ``allowed_networks`` overrides all of it:
-    an address inside one of those networks is allowed whatever its kind.
-    """
-
-    #: seconds to resolve the host and open the TCP (and TLS) connection
-    connect_timeout: float = 5.0
-    #: seconds without receiving any data
-    read_timeout: float = 10.0
-    #: seconds for the whole fetch, redirects included (bounds slow-drip servers)
-    total_timeout: float = 60.0
-    #: largest body accepted, for every source kind
-    max_bytes: int = 64 * 2**20
-    #: redirects followed before TooManyRedirectsError
-    max_redirects: int = 3
-    allow_loopback: bool = False
-    allow_private_addresses: bool = False
-    #: networks always allowed (strings are parsed), e.g. ``("10.1.0.0/16",)`` for an internal CDN
-    allowed_networks: tuple[IPNetwork, ...] = ()
-    #: local paths and ``file:`` URLs are read only under this directory; None refuses them all
-    allowed_local_root: Path | None = None
-    user_agent: str = "aiomm/0.1"
-
-    def __post_init__(self) -> None:
-        for name in ("connect_timeout", "read_timeout", "total_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be positive")
-        if self.max_bytes < 1:
-            raise ValueError(f"max_bytes={self.max_bytes!r} must be positive")
-        if self.max_redirects < 0:
-            raise ValueError(f"max_redirects={self.max_redirects!r} must be >= 0")
-        networks = tuple(ipaddress.ip_network(n) for n in self.allowed_networks)
-        object.__setattr__(self, "allowed_networks", networks)
-        if self.allowed_local_root is not None:
-            object.__setattr__(self, "allowed_local_root", Path(self.allowed_local_root))
 
 
 @dataclass(frozen=True)
@@ -309,9 +267,12 @@ def _shown(url: str) -> str:
     """The URL as error messages show it: data URLs cut short, userinfo removed."""
     if url[:5].lower() == "data:":
         return url[:_DATA_URL_SHOWN] + ("..." if len(url) > _DATA_URL_SHOWN else "")
-    parts = urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    try:
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    except ValueError:  # malformed (e.g. "http://[::1"): shown as given, the error says why
+        pass
     return url[:_URL_SHOWN] + ("..." if len(url) > _URL_SHOWN else "")
 
 
@@ -476,7 +437,7 @@ class MediaFetcher:
                         )
                         continue
                     if not response.is_success:
-                        raise _status_error(response.status_code, _shown(current))
+                        raise HTTPStatusError(response.status_code, _shown(current))
                     return await self._read_body(response, _shown(current))
             except _RefusedAddress as exc:
                 log.warning(
@@ -500,10 +461,9 @@ class MediaFetcher:
                     f"invalid URL or redirect Location: {exc}", source=_shown(current)
                 ) from exc
             except httpx.HTTPError as exc:
-                raise FetchError(
-                    f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
-                    source=_shown(current),
-                ) from exc
+                detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                hop = f" (redirect {redirects} of {_shown(url)})" if redirects else ""
+                raise FetchError(f"HTTP GET failed{hop}: {detail}", source=_shown(current)) from exc
 
     async def _read_body(self, response: httpx.Response, shown: str) -> bytes:
         declared = response.headers.get("Content-Length")
@@ -547,7 +507,10 @@ class MediaFetcher:
             else:
                 data = _b64decode(payload)
         except (binascii.Error, ValueError) as exc:
-            raise InvalidSourceError(f"malformed base64 in data URL: {exc}", source=shown) from exc
+            raise InvalidSourceError(
+                f"malformed base64 in the data URL's {len(payload)}-character payload: {exc}",
+                source=shown,
+            ) from exc
         self._check_size(len(data), "the data URL payload", shown)
         return data
 
@@ -566,13 +529,6 @@ class MediaFetcher:
 
 def _no_cookies() -> http.cookiejar.CookieJar:
     return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-
-
-def _status_error(status: int, shown: str) -> HTTPStatusError:
-    exc = HTTPStatusError(f"HTTP status {status}", source=shown)
-    # errors.py does not take the field yet; callers read ``exc.status_code``.
-    exc.status_code = status  # type: ignore[attr-defined]
-    return exc
 
 
 def _parse_http_url(url: str, *, first: bool) -> httpx.URL:

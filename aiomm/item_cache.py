@@ -124,6 +124,17 @@ class ItemCache:
         self._count(outcome)
         return value, outcome
 
+    def lookup(self, key: str) -> Any:
+        """The cached value of ``key`` now (counted as a hit), or ``None`` (not counted: the
+        caller is expected to go on to :meth:`get_or_compute`, which counts the outcome).
+
+        Backends without a synchronous ``peek`` (remote ones) always answer ``None``.
+        """
+        value = self.peek(key)
+        if value is not None:
+            self._hits += 1
+        return value
+
     def peek(self, key: str) -> Any:
         """Return the cached value of ``key`` or ``None``, without refreshing or counting it.
 

@@ -16,11 +16,11 @@ import os
 import sys
 import threading
 
-import structlog
+from aiomm.logging import get_logger
 
 __all__ = ("DEFAULT_MMAP_THRESHOLD", "DEFAULT_TRIM_THRESHOLD", "tune_malloc")
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: glibc's largest allowed mmap threshold on 64-bit systems (HEAP_MAX_SIZE / 2)
 DEFAULT_MMAP_THRESHOLD = 32 << 20

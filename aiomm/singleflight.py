@@ -17,14 +17,14 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
-import structlog
 from anyio.abc import TaskGroup
 
 from .errors import EngineClosedError
+from .logging import get_logger
 
 __all__ = ("SingleFlight", "SingleFlightStatistics")
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 T = TypeVar("T")
 

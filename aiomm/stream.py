@@ -9,26 +9,30 @@ request's result. Requests taken from the source but not yet yielded therefore n
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 import anyio
 import anyio.abc
 
+from aiomm.errors import ConfigError
 from aiomm.types import Request, Result
-
-if TYPE_CHECKING:
-    from aiomm.engine import Engine
 
 __all__ = ("ResultStream",)
 
 
 class ResultStream:
-    """Async iterator (and async context manager) over the results of a request source."""
+    """Async iterator (and async context manager) over the results of a request source.
+
+    ``task_group`` returns the task group the producer runs in (the engine's, looked up when
+    iteration starts); ``process`` turns a request into a result, never raising for a failed
+    request (``Engine.process_safe``).
+    """
 
     def __init__(
         self,
-        engine: Engine,
+        task_group: Callable[[], anyio.abc.TaskGroup],
+        process: Callable[[Request], Awaitable[Result]],
         source: Iterable[Request] | AsyncIterable[Request],
         *,
         ordered: bool,
@@ -36,8 +40,9 @@ class ResultStream:
         raise_errors: bool,
     ) -> None:
         if max_in_flight < 1:
-            raise ValueError(f"max_in_flight={max_in_flight} must be a positive integer")
-        self._engine = engine
+            raise ConfigError(f"max_in_flight={max_in_flight} must be a positive integer")
+        self._task_group = task_group
+        self._process = process
         self._source = source
         self._ordered = ordered
         self._max_in_flight = max_in_flight
@@ -74,7 +79,7 @@ class ResultStream:
         self._started = True
         send, self._send = self._send, None
         assert send is not None
-        self._engine.task_group.start_soon(self._produce, send)
+        self._task_group().start_soon(self._produce, send)
 
     async def _produce(self, send: anyio.abc.ObjectSendStream[tuple[int, Result]]) -> None:
         with self._scope:
@@ -106,7 +111,7 @@ class ResultStream:
         self, index: int, request: Request, send: anyio.abc.ObjectSendStream[tuple[int, Result]]
     ) -> None:
         async with send:
-            await send.send((index, await self._engine.process_safe(request)))
+            await send.send((index, await self._process(request)))
 
     async def __anext__(self) -> Result:
         if not self._started:

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from aiomm.errors import InvalidRequestError
+
 if TYPE_CHECKING:
     import torch
 
@@ -26,6 +28,9 @@ class Request:
     tokenized with the adapter's tokenizer). ``image_hashes`` may carry caller-supplied content
     hashes (OpenAI-style clients send them): a cache hit then skips even the download. A supplied
     hash is used only as a cache key, never for a security decision.
+
+    :raises InvalidRequestError: both or neither of ``prompt_token_ids`` and ``prompt``;
+        ``images`` a single string or bytes; ``image_hashes`` not one per image.
     """
 
     prompt_token_ids: Sequence[int] | None = None
@@ -37,10 +42,22 @@ class Request:
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt is None):
-            raise ValueError("give exactly one of prompt_token_ids and prompt")
+            given = "both" if self.prompt is not None else "neither"
+            raise InvalidRequestError(
+                f"give exactly one of prompt_token_ids and prompt, got {given}",
+                request_id=self.request_id,
+            )
+        if isinstance(self.images, (str, bytes)):
+            # a lone URL or payload would otherwise be taken as a sequence of characters
+            raise InvalidRequestError(
+                f"images must be a sequence of images, got a single {type(self.images).__name__}; "
+                "wrap it in a list",
+                request_id=self.request_id,
+            )
         if self.image_hashes is not None and len(self.image_hashes) != len(self.images):
-            raise ValueError(
-                f"image_hashes has {len(self.image_hashes)} entries for {len(self.images)} images"
+            raise InvalidRequestError(
+                f"image_hashes has {len(self.image_hashes)} entries for {len(self.images)} images",
+                request_id=self.request_id,
             )
 
 

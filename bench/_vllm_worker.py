@@ -1,18 +1,19 @@
 """vLLM's own Qwen2-VL processing path on the benchmark's workload; runs inside a vLLM venv.
 
-``stream_bench.py --vllm-python PATH`` starts ``PATH bench/_vllm_worker.py JOB.json RESULT.json``.
+``aiomm bench --vllm-python PATH`` starts ``PATH bench/_vllm_worker.py JOB.json RESULT.json``.
 The worker reads the same workload files and serves them as vLLM 0.33's API server does in one
 process: each image decoded with Pillow in a media thread pool (``VLLM_MEDIA_LOADING_THREAD_COUNT``
 workers, 8 by default), then the prompt tokenized and ``BaseMultiModalProcessor.apply`` run with
 the processor cache on the event loop, inside ``set_default_torch_num_threads()`` (as
 ``vllm/renderers/base.py::_process_multimodal`` does). Its closed and open loops are those of
-``stream_bench.py`` (standard library only), so both sides are measured the same way; it writes
-the timings as JSON.
+``stream_bench.loadgen`` (standard library and numpy only), so both sides are measured the same
+way; it writes the timings as JSON.
 
 Only vllm's public processor API is called (as ``../shared/vllm_probe`` does); this file imports
-nothing but vllm, the standard library, Pillow, numpy and ``stream_bench``'s load generator.
-The model folder (a weight-less Qwen2-VL config with aiomm's offline reference processor and
-tokenizer) is written by ``stream_bench.py``, so both run the same transform parameters.
+nothing but vllm, the standard library, Pillow, numpy and ``stream_bench``'s workload and load
+generator. The model folder (a weight-less Qwen2-VL config with aiomm's offline reference
+processor and tokenizer) is written by ``stream_bench.systems.vllm``, so both run the same
+transform parameters.
 """
 
 from __future__ import annotations
@@ -42,7 +43,16 @@ for _key, _value in {
     os.environ.setdefault(_key, _value)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stream_bench as sb  # noqa: E402  (standard library only at import time)
+# standard library and numpy only at import time: this environment has no aiomm
+from stream_bench.loadgen import Done, TaskServer, drive, json_safe  # noqa: E402
+from stream_bench.measure import Meter  # noqa: E402
+from stream_bench.workload import (  # noqa: E402
+    WorkRequest,
+    arrive,
+    ids_sha,
+    load_workload,
+    prompt_for,
+)
 
 
 def _sha(tensor: Any) -> str:
@@ -59,7 +69,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     from vllm.multimodal.processing import ProcessorInputs, TimingContext
     from vllm.utils.torch_utils import set_default_torch_num_threads
 
-    wl = sb.load_workload(Path(job["workload"]))
+    wl = load_workload(Path(job["workload"]))
     folder = job["model_dir"]
     config = ModelConfig(
         model=folder,
@@ -89,30 +99,30 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             inputs = ProcessorInputs(ids, items, None, hf_processor_mm_kwargs={}, cache=cache)
             return processor.apply(inputs, TimingContext())
 
-    class Server(sb.TaskServer):
+    class Server(TaskServer):
         def __init__(self) -> None:
             self.cache = cache_cls(config) if cache_cls is not None else None
-            super().__init__(lambda index: sb.arrive(wl, index), self.handle)
+            super().__init__(lambda index: arrive(wl, index), self.handle)
 
-        async def handle(self, req: sb.WorkRequest) -> sb.Done:
+        async def handle(self, req: WorkRequest) -> Done:
             loop = asyncio.get_running_loop()
             images = await asyncio.gather(
                 *(loop.run_in_executor(pool, decode, data) for data in req.images)
             )
             apply(req.prompt, list(images), self.cache)  # on the event loop, as vLLM does
-            return sb.Done(time.perf_counter(), images=len(images))
+            return Done(time.perf_counter(), images=len(images))
 
-        def extra(self, meter: sb.Meter) -> dict[str, Any]:
+        def extra(self, meter: Meter) -> dict[str, Any]:
             if self.cache is None:
                 return {}
             stats = self.cache.make_stats()
             return {"cache_hits": int(stats.hits), "cache_lookups": int(stats.total)}
 
     ramp = np.linspace(0, 255, 96 * 128 * 3).reshape(96, 128, 3).astype(np.uint8)
-    warm = sb.prompt_for(1, "describe")
+    warm = prompt_for(1, "describe")
     apply(warm, [Image.fromarray(ramp)], None)
 
-    out = sb.drive(job, Server, len(wl.requests))
+    out = drive(job, Server, len(wl.requests))
     # set_default_torch_num_threads(): $OMP_NUM_THREADS, else 1
     out["settings"] = {
         "vllm": vllm_version,
@@ -130,7 +140,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                 "request": i,
                 "image_sha": [_sha(item["pixel_values"].data) for item in items],
                 "dtype": str(items[0]["pixel_values"].data.dtype) if items else None,
-                "prompt_token_ids_sha": sb.ids_sha(result["prompt_token_ids"]),
+                "prompt_token_ids_sha": ids_sha(result["prompt_token_ids"]),
                 "placeholders": [r.length for r in result["mm_placeholders"]["image"]],
             }
         )
@@ -150,7 +160,7 @@ def main(argv: list[str]) -> int:
             "reason": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc()[-4000:],
         }
-    Path(result_path).write_text(json.dumps(sb._clean(result)))
+    Path(result_path).write_text(json.dumps(json_safe(result)))
     return 0
 
 

@@ -1,27 +1,46 @@
 """One run that checks and measures the device stage; writes results.md and results.json.
 
-    python bench/gpu_suite.py RESULTS_DIR [--quick] [--seed N]
+    python bench/gpu_suite.py RESULTS_DIR [--quick] [--seed N] [--only SECTION,...]
 
-On a CUDA machine, in a few minutes:
+Everything goes under ``RESULTS_DIR`` (``results.md``, ``results.json`` with each failure's
+traceback); the console ends with the summary table, and the exit status is 1 if any section
+failed or mismatched. Sections, with the estimated time of a full (not ``--quick``) run on one
+H200 with 16 host cores, counted from their sizes (Triton compiles each kernel specialisation once,
+about 0.5 s each; the float64 reference runs on the host at roughly 0.3 s per 10M elements):
 
-1. ``native_correctness``: ``forward_native`` against the float64 reference of
-   ``tests/kernels/test_norm.py`` (every input and output dtype, three layouts, batch padding);
-2. ``cuda_correctness``: ``forward_cuda`` and ``DeviceStage("cuda")`` against the native path on
-   random images (every input and output dtype, NCHW/NHWC/PATCHES, NaN-poisoned batch-padded
-   ``out`` buffers, the classic cast path, concurrent runs);
-3. ``h2d_bandwidth``: pinned vs pageable host-to-device GB/s;
-4. ``uint8_vs_bf16``: bytes and time per image for the uint8 copy + fused kernel against the bf16
-   copy of CPU-normalised pixels (and the CPU normalise that the device path removes);
-5. ``kernel_vs_copy``: fused kernel GB/s against a device-to-device copy of the same bytes;
-6. ``device_stage_throughput``: images/s of ``DeviceStage.run`` at 1-8 requests in flight, with its
-   CUDA-event copy/kernel times and pool occupancy, against a naive pageable copy + sync;
-7. ``engine_e2e``: engine images/s (qwen2-vl, generated JPEGs, offline) with
-   ``mm_device_do_normalize`` True vs False, and how far the two results differ.
+1. ``native_correctness`` (~5 s): ``forward_native`` against the float64 reference of
+   ``tests/support/norm_reference.py``, the tests' one copy (every input and output dtype, three
+   layouts, batch padding; 36 combinations, largest input 1.2M elements);
+2. ``cuda_correctness`` (~60 s: 60 kernel compilations, 24 float64 references of 10.8M
+   elements): ``forward_cuda`` and ``DeviceStage("cuda")`` against the native path on random
+   images (every input and output dtype, NCHW/NHWC/PATCHES, NaN-poisoned batch-padded ``out``
+   buffers, the classic cast path, concurrent runs); without CUDA, ``cpu_stage_correctness`` runs
+   its ``DeviceStage("cpu")`` part;
+3. ``h2d_bandwidth`` (~5 s: 1-256 MiB, 20 copies each way): pinned vs pageable host-to-device
+   GB/s;
+4. ``uint8_vs_bf16`` (~10 s: three images up to 1344x1344, 20 repeats): bytes and time per image
+   for the uint8 copy + fused kernel against the bf16 copy of CPU-normalised pixels (and the CPU
+   normalise that the device path removes);
+5. ``kernel_vs_copy`` (~10 s: four ``do_bench`` pairs of 0.2 s on up to 77M elements): fused
+   kernel GB/s against a device-to-device copy of the same bytes;
+6. ``device_stage_throughput`` (~20 s: 128 images, 0.8 GB of uint8, 4 passes at each of 4
+   concurrencies): images/s of ``DeviceStage.run`` at 1-8 requests in flight, with its CUDA-event
+   copy/kernel times and pool occupancy, against a naive pageable copy + sync;
+7. ``engine_e2e`` (~30 s, mostly generating 96 JPEGs up to 1080x1920): engine images/s (qwen2-vl,
+   offline) with ``mm_device_do_normalize`` True vs False, and how far the two results differ;
+8. ``resize_kernel`` (~20 s: three images up to 3024x4032, 10 CPU repeats per variant):
+   device resize per image vs the CPU resize it reproduces, bit-exact check;
+9. ``engine_device_resize`` (~45 s, mostly generating 96 JPEGs up to 1536x2048): engine images/s
+   with resize + patchify on the device vs on the CPU (same outputs).
+
+About 4 minutes in all, with imports and CUDA start-up; the estimate is what this docstring
+promises, so keep new sections inside it. ``--quick`` shrinks every size and count (under a
+minute on a GPU; on a 2-core CPU, with ``TRITON_INTERPRET=1``, about 15 s).
 
 Each section is guarded: a failure is recorded (with its traceback) and the rest still run; the
 result files are rewritten after every section, so a run cut short keeps what it measured. Without
-CUDA, sections 1, 2 (its CPU part: the stage against the native path) and 7 run on the CPU and the
-report says that the GPU figures need a GPU. ``--quick`` shrinks every size and count.
+CUDA, sections 1, 2 (its CPU part: the stage against the native path), 7, 8 and 9 run on the CPU
+and the report says that the GPU figures need a GPU.
 """
 
 from __future__ import annotations
@@ -40,12 +59,26 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from _support import REPO, load_reference
+
 CLIP = (1 / 255, (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 PROMPT = "<|im_start|>user describe <|vision_start|><|image_pad|><|vision_end|><|im_end|>"
+#: every section, in the order of a run; a run on the CPU has ``cpu_stage_correctness`` in place of
+#: ``cuda_correctness`` and skips the sections that need a CUDA device
+SECTIONS = (
+    "native_correctness",
+    "cuda_correctness",
+    "cpu_stage_correctness",
+    "h2d_bandwidth",
+    "uint8_vs_bf16",
+    "kernel_vs_copy",
+    "device_stage_throughput",
+    "engine_e2e",
+    "resize_kernel",
+    "engine_device_resize",
+)
 NO_GPU = "GPU figures need a CUDA device: this run had none, so only the CPU sections ran."
 
 
@@ -77,25 +110,23 @@ def ensure_aiomm() -> str:
     return "from the checkout"
 
 
-def load_test_norm() -> ModuleType:
-    """``tests/kernels/test_norm.py`` by path: the float64 reference the tests use."""
-    path = REPO / "tests" / "kernels" / "test_norm.py"
-    spec = importlib.util.spec_from_file_location("aiomm_suite_test_norm", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # ---------------------------------------------------------------------- the report
 
 
 class Suite:
     """Runs guarded sections and writes the report after each one."""
 
-    def __init__(self, out_dir: Path, *, quick: bool, seed: int, cuda: bool) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        quick: bool,
+        seed: int,
+        cuda: bool,
+        only: Sequence[str] | None = None,
+    ) -> None:
         self.out_dir = out_dir
+        self.only = None if only is None else frozenset(only)
         self.quick = quick
         self.seed = seed
         self.cuda = cuda
@@ -105,6 +136,8 @@ class Suite:
 
     def run(self, name: str, title: str, fn: Callable[[dict[str, Any]], None], *,
             needs_cuda: bool = False) -> None:  # fmt: skip
+        if self.only is not None and name not in self.only:
+            return
         rec: dict[str, Any] = {"name": name, "title": title, "status": "ok", "seconds": 0.0,
                                "rows": [], "notes": []}  # fmt: skip
         self.sections.append(rec)
@@ -148,14 +181,27 @@ class Suite:
         (self.out_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
         (self.out_dir / "results.md").write_text(self.markdown(report))
 
+    def status_table(self) -> str:
+        rows = [f"| {s['name']} | {s['status']} | {s['seconds']} |" for s in self.sections]
+        return "\n".join(["| section | status | seconds |", "|---|---|---|", *rows])
+
+    def summary(self) -> str:
+        """The status of every section, for the end of the console output."""
+        failed = sum(s["status"] in ("failed", "mismatch") for s in self.sections)
+        verdict = f"{failed} section(s) FAILED" if failed else "no section failed"
+        return (
+            f"## summary: {verdict}; cuda={self.cuda}, quick={self.quick}, seed={self.seed}, "
+            f"{time.perf_counter() - self.started:.1f} s; results in {self.out_dir}\n\n"
+            f"{self.status_table()}"
+        )
+
     def markdown(self, report: dict[str, Any]) -> str:
         lines = ["# aiomm device-stage suite", ""]
         if not self.cuda:
             lines += [f"**{NO_GPU}**", ""]
         lines.append(f"quick={self.quick}, seed={self.seed}, {report['seconds']} s in all.")
         lines += ["", table([{"key": k, "value": v} for k, v in self.environment.items()]), ""]
-        lines += ["| section | status | seconds |", "|---|---|---|"]
-        lines += [f"| {s['name']} | {s['status']} | {s['seconds']} |" for s in self.sections]
+        lines.append(self.status_table())
         for s in self.sections:
             lines += ["", f"## {s['name']}: {s['title']}", "", f"status: **{s['status']}**"]
             if "error" in s:
@@ -242,7 +288,7 @@ def native_correctness(suite: Suite, rec: dict[str, Any]) -> None:
 
     from aiomm.kernels import FusedMMInputNorm
 
-    tn = load_test_norm()
+    tn = load_reference()
     norm = FusedMMInputNorm(*CLIP)
     gen = torch.Generator().manual_seed(suite.seed)
     shapes = {
@@ -284,7 +330,7 @@ def stage_vs_native(suite: Suite, rec: dict[str, Any], device: str) -> None:
     from aiomm.kernels import ChannelLayout, FusedMMInputNorm
     from aiomm.processing.processor import NormalizationParams
 
-    tn = load_test_norm()
+    tn = load_reference()
     norm = FusedMMInputNorm(*CLIP)
     gen = torch.Generator().manual_seed(suite.seed + 1)
     layouts = {
@@ -369,7 +415,7 @@ def cuda_correctness(suite: Suite, rec: dict[str, Any]) -> None:
 
     from aiomm.kernels import FusedMMInputNorm
 
-    tn = load_test_norm()
+    tn = load_reference()
     norm = FusedMMInputNorm(*CLIP)
     norm_cuda = FusedMMInputNorm(*CLIP).cuda()
     gen = torch.Generator().manual_seed(suite.seed + 2)
@@ -750,6 +796,8 @@ def engine_device_resize(suite: Suite, rec: dict[str, Any]) -> None:
     device = "cuda" if suite.cuda else "cpu"
     count = 12 if suite.quick else 96
     sizes = [(480, 640), (1080, 1920), (1536, 2048), (768, 1024)]
+    if suite.quick:  # generating the large JPEGs alone would take most of a quick run
+        sizes = [(480, 640), (600, 800), (768, 1024), (360, 480)]
     rng = np.random.default_rng(suite.seed + 1)
     jpegs = [encode(photo_like(rng, *sizes[i % len(sizes)])) for i in range(count)]
     first: dict[bool, torch.Tensor] = {}
@@ -830,12 +878,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("results_dir", type=Path, help="folder for results.md and results.json")
     parser.add_argument("--quick", action="store_true", help="small sizes and counts")
     parser.add_argument("--seed", type=int, default=None, help="default: from the clock")
+    parser.add_argument(
+        "--only",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        default=None,
+        help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}",
+    )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     how = ensure_aiomm()
     import torch
 
     seed = args.seed if args.seed is not None else time.time_ns() % 2**31
-    suite = Suite(args.results_dir, quick=args.quick, seed=seed, cuda=torch.cuda.is_available())
+    suite = Suite(args.results_dir, quick=args.quick, seed=seed, cuda=torch.cuda.is_available(),
+                  only=args.only)  # fmt: skip
     suite.environment = environment(how)
     print(f"aiomm gpu suite: cuda={suite.cuda} quick={suite.quick} seed={seed}", flush=True)
     if not suite.cuda:
@@ -867,7 +925,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print((args.results_dir / "results.md").read_text(), flush=True)
     bad = [s["name"] for s in suite.sections if s["status"] in ("failed", "mismatch")]
     if bad:
-        print(f"sections failed: {', '.join(bad)}", file=sys.stderr)
+        print(f"sections failed: {', '.join(bad)}", file=sys.stderr, flush=True)
+    # the summary comes last, so the end of a captured log says how the run went
+    print(suite.summary(), flush=True)
     return 1 if bad else 0
 
 

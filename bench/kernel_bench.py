@@ -7,46 +7,39 @@ writes ``x.nbytes + out.nbytes``), as ``triton.testing.do_bench`` medians in one
 host-to-device time of one image from pinned memory, as uint8 and as bf16. Targets on an H200:
 fused >= 85% of the copy bandwidth and >= 5x eager.
 
-On a CPU-only machine it times ``forward_native`` against eager on smaller sizes (perf_counter
-medians) and says that the GPU figures need a CUDA device. The float64 reference comes from
-``tests/kernels/test_norm.py``, so the test and the bench check the same numbers::
+On a CPU-only machine it times ``forward_native`` and the table path that a CPU engine runs
+(``forward_table``) against eager on smaller sizes (perf_counter medians) and says that the GPU
+figures need a CUDA device. Every output is checked against the float64 reference of
+``tests/support/norm_reference.py``, the one copy the tests import, so the tests and the bench
+check the same numbers; a failed check makes the exit status 1. ``--quick`` runs small sizes (a
+smoke test, a few seconds)::
 
-    python bench/kernel_bench.py [--sizes 8x3x1344x1344,65536x1176:patches] [--dtype bf16]
-                                 [--json results/kernel_bench.json]
+    python bench/kernel_bench.py [--quick] [--sizes 8x3x1344x1344,65536x1176:patches]
+                                 [--dtype bf16] [--json results/kernel_bench.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
 import torch
+from _support import load_reference
 
 from aiomm.kernels import ChannelLayout, FusedMMInputNorm
 
-REPO = Path(__file__).resolve().parents[1]
 GPU_SIZES = "8x3x1344x1344,65536x1176:patches"
 CPU_SIZES = "2x3x448x448,4096x1176:patches"
+QUICK_SIZES = "1x3x64x96,64x1176:patches"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TARGET_COPY_RATIO, TARGET_EAGER_SPEEDUP = 0.85, 5.0
 CLIP = (1 / 255, (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
-
-
-def load_test_module() -> ModuleType:
-    """``tests/kernels/test_norm.py`` by path (tests/ is not a package)."""
-    path = REPO / "tests" / "kernels" / "test_norm.py"
-    spec = importlib.util.spec_from_file_location("aiomm_bench_test_norm", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def parse_sizes(text: str) -> list[tuple[tuple[int, ...], ChannelLayout]]:
@@ -72,11 +65,14 @@ def eager_fn(
     return lambda: ((xv.float() * r - m) / s).to(dtype)
 
 
-def check(out: torch.Tensor, x: torch.Tensor, layout: ChannelLayout, tn: ModuleType) -> str:
-    """Compare with the float64 reference of the test file; returns 'ok' or raises."""
+def check(out: torch.Tensor, x: torch.Tensor, layout: ChannelLayout, ref: ModuleType) -> str:
+    """``"ok"``, or ``"FAILED: ..."`` when ``out`` is off the float64 reference."""
     r, mean, std = CLIP
-    ref = tn.reference_norm(x, r, mean, std, layout.value)
-    tn.assert_matches_reference(out, ref, f"bench {list(x.shape)} {layout.name}")
+    want = ref.reference_norm(x.cpu(), r, mean, std, layout.value)
+    try:
+        ref.assert_matches_reference(out.cpu(), want, f"bench {list(x.shape)} {layout.name}")
+    except AssertionError as exc:
+        return f"FAILED: {str(exc)[:200]}"
     return "ok"
 
 
@@ -94,29 +90,40 @@ def gbps(nbytes: int, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def cpu_row(norm: FusedMMInputNorm, shape, layout, dtype: torch.dtype, tn: ModuleType) -> dict:
+def cpu_row(norm: FusedMMInputNorm, shape, layout, dtype: torch.dtype, ref: ModuleType) -> dict:
     x = torch.randint(0, 256, shape, dtype=torch.uint8)
     out = torch.empty(shape, dtype=dtype)
+    table_out = torch.empty(shape, dtype=dtype)
     nbytes = x.nbytes + out.nbytes
     native_ms = cpu_median_ms(lambda: norm.forward_native(x, dtype, out=out, layout=layout))
+    table_ms = cpu_median_ms(lambda: norm.forward_table(x, dtype, out=table_out, layout=layout))
     eager_ms = cpu_median_ms(eager_fn(x, layout, dtype))
+    ok = check(out, x, layout, ref)
+    if ok == "ok" and not torch.equal(table_out, out):
+        ok = "FAILED: forward_table differs from forward_native"
     return {
         "shape": "x".join(map(str, shape)),
         "layout": layout.name,
-        "check": check(out, x, layout, tn),
+        "check": ok,
         "native_ms": native_ms,
+        "table_ms": table_ms,
         "eager_ms": eager_ms,
         "native_gbps": gbps(nbytes, native_ms),
+        "table_gbps": gbps(nbytes, table_ms),
         "eager_gbps": gbps(nbytes, eager_ms),
         "native_vs_eager": eager_ms / native_ms,
+        "table_vs_eager": eager_ms / table_ms,
     }
 
 
-def cuda_row(norm: FusedMMInputNorm, shape, layout, dtype: torch.dtype, tn: ModuleType) -> dict:
+def cuda_row(
+    norm: FusedMMInputNorm, shape, layout, dtype: torch.dtype, ref: ModuleType, *, quick: bool
+) -> dict:
     from triton.testing import do_bench
 
     def bench(fn: Callable[[], object]) -> float:
-        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+        return float(do_bench(fn, warmup=10 if quick else 25, rep=50 if quick else 200,
+                              return_mode="median"))  # fmt: skip
 
     x = torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda")
     out = torch.empty(shape, dtype=dtype, device="cuda")
@@ -124,7 +131,7 @@ def cuda_row(norm: FusedMMInputNorm, shape, layout, dtype: torch.dtype, tn: Modu
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     fused_ms = bench(lambda: norm.forward_cuda(x, dtype, out=out, layout=layout))
-    ok = check(out, x, layout, tn)
+    ok = check(out, x, layout, ref)
     eager_ms = bench(eager_fn(x, layout, dtype))
     copy_ms = bench(lambda: dst.copy_(src))
     # One image (a dim-0 slice) from pinned host memory, as uint8 and as bf16.
@@ -162,22 +169,25 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", help=f"default: {GPU_SIZES} on CUDA, {CPU_SIZES} on the CPU")
+    parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, fewer reps")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="visual dtype")
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     args = parser.parse_args(argv)
     dtype = DTYPES[args.dtype]
-    tn = load_test_module()
+    ref = load_reference()
     on_cuda = torch.cuda.is_available()
-    sizes = parse_sizes(args.sizes or (GPU_SIZES if on_cuda else CPU_SIZES))
+    default = QUICK_SIZES if args.quick else GPU_SIZES if on_cuda else CPU_SIZES
+    sizes = parse_sizes(args.sizes or default)
     print(f"fused input normalisation, uint8 -> {args.dtype}")
     norm = FusedMMInputNorm(*CLIP)
     if on_cuda:
         print(f"device: {torch.cuda.get_device_name()}")
         norm = norm.cuda()
+        rows = [cuda_row(norm, shape, layout, dtype, ref, quick=args.quick)
+                for shape, layout in sizes]  # fmt: skip
     else:
-        print("no CUDA device: timing forward_native against eager on the CPU")
-    row = cuda_row if on_cuda else cpu_row
-    rows = [row(norm, shape, layout, dtype, tn) for shape, layout in sizes]
+        print("no CUDA device: timing forward_native and forward_table against eager on the CPU")
+        rows = [cpu_row(norm, shape, layout, dtype, ref) for shape, layout in sizes]
     print(markdown(rows))
     if on_cuda:
         for row in rows:
@@ -196,6 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {"device": "cuda" if on_cuda else "cpu", "dtype": args.dtype, "rows": rows}
         args.json.write_text(json.dumps(report, indent=2))
+    failed = [row["shape"] for row in rows if row["check"] != "ok"]
+    if failed:
+        print(f"checks failed against the float64 reference: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -8,7 +8,8 @@ if __name__ != "aiomm.kernels":  # pragma: no cover - guards a broken install or
 
 from typing import TYPE_CHECKING, Any
 
-from .norm import ChannelLayout, FusedMMInputNorm
+from ._norm_checks import expand_repeat
+from .norm import INPUT_DTYPES, OUTPUT_DTYPES, ChannelLayout, FusedMMInputNorm
 
 if TYPE_CHECKING:
     from ._triton_norm import fused_mm_input_norm_triton
@@ -23,11 +24,14 @@ if TYPE_CHECKING:
     )
 
 __all__ = (
+    "INPUT_DTYPES",
+    "OUTPUT_DTYPES",
     "ChannelLayout",
     "FusedMMInputNorm",
     "ImageLayout",
     "ResampleVariant",
     "ResizeCoefficients",
+    "expand_repeat",
     "fused_mm_input_norm_triton",
     "resample_uint8_triton",
     "resize_coefficients",

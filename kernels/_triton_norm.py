@@ -24,7 +24,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from aiomm.errors import KernelInputError
 
-from .norm import MAX_KERNEL_CHANNELS, ChannelLayout, check_call
+from ._norm_checks import MAX_KERNEL_CHANNELS, ChannelLayout, check_call
 
 __all__ = ("fused_mm_input_norm_triton",)
 

@@ -32,7 +32,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from aiomm.errors import KernelInputError
 
-from .resample import (
+from ._resample_plan import (
     ImageLayout,
     ResampleVariant,
     check_image,

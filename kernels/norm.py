@@ -14,7 +14,6 @@ the kernel lives in ``_triton_norm.py`` and is imported on the first CUDA call.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -23,9 +22,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiomm.errors import KernelInputError, LayoutError, OutputBufferError, UnsupportedDtypeError
+from aiomm.errors import KernelInputError
 
-from ._enums import parse_member
+from ._norm_checks import (
+    INPUT_DTYPES,
+    MAX_KERNEL_CHANNELS,
+    OUTPUT_DTYPES,
+    ChannelLayout,
+    check_call,
+    check_repeat,
+    expand_repeat,
+)
+from .table_norm import bit_table, normalize_rows_by_table, normalize_uint8_by_table
 
 __all__ = (
     "INPUT_DTYPES",
@@ -34,117 +42,6 @@ __all__ = (
     "ChannelLayout",
     "FusedMMInputNorm",
 )
-
-INPUT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32)
-OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# The kernel selects a channel's constants with an unrolled chain; wider inputs go native.
-MAX_KERNEL_CHANNELS = 16
-
-
-class ChannelLayout(enum.Enum):
-    """Where the channel axis sits in a contiguous row-major tensor.
-
-    ``NCHW``: ``[..., C, H, W]``, channel stride ``H * W``. ``NHWC``: ``[..., C]``, stride 1.
-    ``PATCHES``: rows ``[..., C * K]`` whose channel blocks are contiguous (channel-major within a
-    row, as Qwen2-VL-style processors emit ``[num_patches, C * T * P * P]``), stride ``K``.
-    """
-
-    NCHW = "nchw"
-    NHWC = "nhwc"
-    PATCHES = "patches"
-
-    @classmethod
-    def parse(cls, layout: ChannelLayout | str) -> ChannelLayout:
-        """Return ``layout`` as a member; strings are matched case-insensitively.
-
-        :raises LayoutError: for an unknown name or a value of another type.
-        """
-        return parse_member(cls, layout, LayoutError, "channel layout")
-
-    def channel_stride(self, shape: Sequence[int], num_channels: int) -> int:
-        """The number of consecutive elements that share a channel, for a tensor of ``shape``.
-
-        :raises LayoutError: if ``shape`` does not hold ``num_channels`` channels in this layout.
-        """
-        shape = tuple(shape)
-        c = num_channels
-        if self is ChannelLayout.NCHW:
-            if len(shape) >= 3 and shape[-3] == c:
-                return shape[-2] * shape[-1]
-            need = f"[..., {c}, H, W] (ndim >= 3, shape[-3] == {c})"
-        elif self is ChannelLayout.NHWC:
-            if len(shape) >= 2 and shape[-1] == c:
-                return 1
-            need = f"[..., {c}] (ndim >= 2, shape[-1] == {c})"
-        else:
-            if len(shape) >= 2 and shape[-1] % c == 0:
-                return shape[-1] // c
-            need = f"[..., {c} * K] (ndim >= 2, shape[-1] divisible by {c})"
-        raise LayoutError(
-            f"shape {list(shape)} does not fit layout {self.name} with {c} channel(s): "
-            f"expected {need}"
-        )
-
-
-def check_call(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    visual_dtype: torch.dtype,
-    out: torch.Tensor | None,
-    layout: ChannelLayout | str,
-    tables: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]],
-) -> int:
-    """Validate one call of either path and return the channel stride.
-
-    ``tables`` maps a name to ``(tensor, expected shape)`` for the fp32 constants.
-
-    :raises UnsupportedDtypeError: ``x`` or ``visual_dtype`` of a dtype the kernel does not take.
-    :raises LayoutError: unknown ``layout``, or ``x``'s shape does not hold ``C`` channels.
-    :raises KernelInputError: constants of the wrong shape, dtype or device.
-    :raises OutputBufferError: ``out`` of the wrong dtype, shape, device or size, or not contiguous.
-    """
-    if x.dtype not in INPUT_DTYPES:
-        raise UnsupportedDtypeError(
-            f"input dtype {x.dtype} is not supported; expected one of {list(INPUT_DTYPES)}"
-        )
-    if visual_dtype not in OUTPUT_DTYPES:
-        raise UnsupportedDtypeError(
-            f"visual_dtype {visual_dtype} is not supported; expected one of {list(OUTPUT_DTYPES)}"
-        )
-    if weight.dim() != 1 or weight.numel() < 1:
-        raise KernelInputError(f"weight must be 1-D with C >= 1 entries, got {list(weight.shape)}")
-    num_channels = weight.numel()
-    for name, (t, shape) in tables.items():
-        if t is None:
-            continue
-        if tuple(t.shape) != shape or t.dtype != torch.float32:
-            raise KernelInputError(
-                f"{name} must be float32 of shape {list(shape)} for {num_channels} channel(s), "
-                f"got {t.dtype} of shape {list(t.shape)}"
-            )
-        if t.device != x.device or not t.is_contiguous():
-            raise KernelInputError(
-                f"{name} must be contiguous and on x's device {x.device}, got {t.device}; "
-                "move the module with .to(x.device)"
-            )
-    stride = ChannelLayout.parse(layout).channel_stride(x.shape, num_channels)
-    if out is not None:
-        if out.dtype != visual_dtype:
-            raise OutputBufferError(f"out has dtype {out.dtype}, visual_dtype is {visual_dtype}")
-        if out.device != x.device:
-            raise OutputBufferError(f"out is on {out.device}, x is on {x.device}")
-        if out.dim() != x.dim() or out.shape[1:] != x.shape[1:]:
-            raise OutputBufferError(
-                f"out has shape {list(out.shape)}; it must be [>= {x.shape[0]}, "
-                f"{', '.join(map(str, x.shape[1:]))}] for x of shape {list(x.shape)}"
-            )
-        if out.shape[0] < x.shape[0]:
-            raise OutputBufferError(
-                f"out holds {out.shape[0]} rows along dim 0, x needs {x.shape[0]}"
-            )
-        if not out.is_contiguous():
-            raise OutputBufferError("out must be contiguous")
-    return stride
 
 
 class FusedMMInputNorm(nn.Module):
@@ -258,27 +155,73 @@ class FusedMMInputNorm(nn.Module):
         of the result; inputs that are not uint8 CPU tensors run :meth:`forward_native` itself.
         The lookups release the GIL, so worker threads normalise in parallel.
         """
-        if x.dtype != torch.uint8 or x.device.type != "cpu" or x.requires_grad:
+        if not self._takes_table(x):
             return self.forward_native(x, visual_dtype, out, layout)
-        from .table_norm import normalize_uint8_by_table
-
         layout = ChannelLayout.parse(layout)
         tables = {"weight": (self.weight, (self.num_channels,))}
         check_call(x, self.weight, visual_dtype, out, layout, tables)
         dst = torch.empty(x.shape, dtype=visual_dtype) if out is None else out[: x.shape[0]]
         return normalize_uint8_by_table(self.table(visual_dtype), x, visual_dtype, dst, layout)
 
+    def forward_rows(
+        self,
+        x: torch.Tensor,
+        visual_dtype: torch.dtype,
+        out: torch.Tensor | None = None,
+        layout: ChannelLayout | str = ChannelLayout.PATCHES,
+        *,
+        repeat: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward` of rows ``x``, each row's blocks then repeated in place.
+
+        ``repeat=(blocks, times)``: rows ``[n, blocks * width]`` become
+        ``[n, blocks * times * width]``, block ``b`` of a row followed by its ``times - 1``
+        copies (Qwen-VL's temporal frames, ``MultiModalFieldConfig.repeat``); ``None`` or
+        ``times == 1`` is plain :meth:`forward`. The result equals ``forward(x)`` so expanded, bit
+        for bit. uint8 CPU rows in ``PATCHES`` with one block per channel are looked up and
+        repeated in one pass over the output, with no compact intermediate; other inputs are
+        normalised compact by :meth:`forward` and expanded in one copy. ``out``: as for
+        :meth:`forward_native`, with rows of the expanded length.
+
+        :raises KernelInputError: ``repeat`` does not fit ``x`` (not 2-D, a count below 1, or a
+            row length that ``blocks`` does not divide), and the errors of :meth:`forward_native`.
+        """
+        if repeat is None:
+            return self.forward(x, visual_dtype, out, layout)
+        blocks, times = check_repeat(x, repeat)
+        if times == 1:
+            return self.forward(x, visual_dtype, out, layout)
+        layout = ChannelLayout.parse(layout)
+        n, width = x.shape
+        row = (width * times,)
+        tables = {"weight": (self.weight, (self.num_channels,))}
+        check_call(x, self.weight, visual_dtype, out, layout, tables, out_row_shape=row)
+        dst = (
+            torch.empty((n, *row), dtype=visual_dtype, device=x.device) if out is None else out[:n]
+        )
+        if layout is ChannelLayout.PATCHES and blocks == self.num_channels and self._takes_table(x):
+            rows = x if x.stride(-1) == 1 else x.contiguous()
+            return normalize_rows_by_table(self.table(visual_dtype), rows, dst, times=times)
+        y = self.forward(x, visual_dtype, layout=layout)
+        dst.view(n, blocks, times, width // blocks).copy_(expand_repeat(y, (blocks, times)))
+        return dst
+
     def table(self, visual_dtype: torch.dtype) -> np.ndarray:
         """``[C, 256]`` output bit patterns (int16 or int32): entry ``[c, v]`` is
         :meth:`forward_native`'s result for value ``v`` of channel ``c``, in ``visual_dtype``.
         Built once per dtype; the module must be on the CPU."""
-        from .table_norm import normalization_table
-
         table = self._tables.get(visual_dtype)
         if table is None:
+            c = self.num_channels
+            values = torch.arange(256, dtype=torch.uint8).expand(c, 256).unsqueeze(-1)
+            native = self.forward_native(values, visual_dtype, layout=ChannelLayout.NCHW)
             # a race builds the same table twice; both are correct
-            table = self._tables[visual_dtype] = normalization_table(self, visual_dtype)
+            table = self._tables[visual_dtype] = bit_table(native[..., 0])
         return table
+
+    @staticmethod
+    def _takes_table(x: torch.Tensor) -> bool:
+        return x.dtype == torch.uint8 and x.device.type == "cpu" and not x.requires_grad
 
     def forward_native(
         self,

@@ -1,7 +1,8 @@
 """uint8 normalisation on the CPU through a 256-entry table per channel.
 
 A uint8 input has only 256 values per channel, so the fp32 expression of
-:meth:`FusedMMInputNorm.forward_native` is evaluated once per value and channel, and every pixel
+:meth:`FusedMMInputNorm.forward_native` is evaluated once per value and channel (the module
+builds that table and hands it here, see :meth:`FusedMMInputNorm.table`), and every pixel
 becomes one table lookup (``numpy.take``, which releases the GIL) instead of four full-size
 passes over an fp32 temporary. IEEE operations round the same way element by element, so the
 result equals ``forward_native``'s bit for bit. The lookups are fastest when each channel's
@@ -10,15 +11,12 @@ elements are contiguous in the output (``NCHW``); other layouts are correct, onl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from .norm import ChannelLayout, FusedMMInputNorm
+from ._norm_checks import ChannelLayout
 
-__all__ = ("normalization_table", "normalize_rows_by_table", "normalize_uint8_by_table")
+__all__ = ("bit_table", "normalize_rows_by_table", "normalize_uint8_by_table")
 
 #: rows looked up per step of ``normalize_rows_by_table``: the step's results stay in cache
 #: while they are copied into the output
@@ -28,15 +26,11 @@ _CHUNK_ROWS = 512
 _BITS = {2: (np.int16, torch.int16), 4: (np.int32, torch.int32)}
 
 
-def normalization_table(norm: FusedMMInputNorm, visual_dtype: torch.dtype) -> np.ndarray:
-    """``[C, 256]`` output bit patterns: entry ``[c, v]`` is channel ``c``'s result for ``v``."""
-    from .norm import ChannelLayout
-
-    c = norm.num_channels
-    values = torch.arange(256, dtype=torch.uint8).expand(c, 256).unsqueeze(-1)
-    table = norm.forward_native(values, visual_dtype, layout=ChannelLayout.NCHW)[..., 0]
-    np_bits, torch_bits = _BITS[visual_dtype.itemsize]
-    return np.ascontiguousarray(table.contiguous().view(torch_bits).numpy()).view(np_bits)
+def bit_table(values: torch.Tensor) -> np.ndarray:
+    """``values`` (``[C, 256]`` CPU results, entry ``[c, v]`` channel ``c``'s output for ``v``, in
+    the output dtype) as a contiguous array of their bit patterns (int16 or int32)."""
+    np_bits, torch_bits = _BITS[values.dtype.itemsize]
+    return np.ascontiguousarray(values.contiguous().view(torch_bits).numpy()).view(np_bits)
 
 
 def normalize_uint8_by_table(
@@ -50,8 +44,6 @@ def normalize_uint8_by_table(
 
     ``x``: a validated uint8 CPU tensor in ``layout``, any strides.
     """
-    from .norm import ChannelLayout
-
     c = table.shape[0]
     _, torch_bits = _BITS[visual_dtype.itemsize]
     src = x.numpy()

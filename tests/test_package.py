@@ -1,21 +1,21 @@
-"""The package installs as aiomm, aiomm.kernels, aiomm.adapters; never a top-level ``kernels``."""
+"""The package: installs as aiomm, aiomm.kernels, aiomm.adapters (never a top-level ``kernels``);
+its public names, exported lazily so that ``import aiomm`` stays light."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import io
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
-import structlog
+from fresh_python import run_python
 
 import aiomm
-from aiomm.logging import configure_logging
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,60 +67,40 @@ def test_kernels_dir_refuses_top_level_import(tmp_path: Path) -> None:
     assert "aiomm.kernels" in out.stderr
 
 
-def test_public_api_is_sorted_tuple() -> None:
+def test_public_api_is_sorted_and_complete() -> None:
+    # as httpx's tests/test_exported_members.py: every public name is in __all__, and only those;
+    # lazily loaded names count as public before they are loaded
+    public = {
+        name
+        for name, value in vars(aiomm).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    public |= set(aiomm._LAZY) | {"__version__"}
     assert isinstance(aiomm.__all__, tuple)
-    assert list(aiomm.__all__) == sorted(aiomm.__all__)
-    for name in aiomm.__all__:
-        assert hasattr(aiomm, name), name
+    assert aiomm.__all__ == tuple(sorted(public))
+    assert set(dir(aiomm)) >= public
+
+
+def test_every_exported_name_resolves() -> None:
+    code = (
+        "import aiomm\n"
+        "missing = [n for n in aiomm.__all__ if getattr(aiomm, n, None) is None]\n"
+        "print(missing)\n"
+    )
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    from aiomm.processing.placeholders import PlaceholderRange
+    from aiomm.stream import ResultStream
+
+    assert aiomm.ResultStream is ResultStream and aiomm.PlaceholderRange is PlaceholderRange
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        aiomm.nope  # noqa: B018
 
 
 def test_import_aiomm_loads_no_heavy_modules() -> None:
-    heavy = "('torch', 'triton', 'transformers')"
+    heavy = "('torch', 'triton', 'transformers', 'httpx', 'numpy')"
     code = f"import sys, aiomm; print(sorted(m for m in {heavy} if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
-
-
-def test_configure_logging_emits_json_lines_when_not_a_tty() -> None:
-    buf = io.StringIO()  # StringIO.isatty() is False
-    configure_logging(stream=buf, level="DEBUG")
-    log = structlog.get_logger("aiomm.test")
-    log.info("first_event", request_id="r1", images=2)
-    log.debug("second_event", stage="decode")
-    lines = buf.getvalue().splitlines()
-    assert len(lines) == 2
-    first, second = (json.loads(line) for line in lines)
-    assert first["event"] == "first_event" and first["request_id"] == "r1" and first["images"] == 2
-    assert first["level"] == "info" and "timestamp" in first
-    assert second["event"] == "second_event" and second["level"] == "debug"
-
-
-def test_configure_logging_level_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIOMM_LOG_LEVEL", "warning")
-    buf = io.StringIO()
-    configure_logging(stream=buf)
-    log = structlog.get_logger("aiomm.test")
-    log.info("hidden")
-    log.warning("shown")
-    events = [json.loads(line)["event"] for line in buf.getvalue().splitlines()]
-    assert events == ["shown"]
-
-
-def test_configure_logging_console_renderer_on_tty() -> None:
-    class FakeTTY(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    buf = FakeTTY()
-    configure_logging(stream=buf, level="INFO")
-    structlog.get_logger("aiomm.test").info("pretty_event", k=1)
-    text = buf.getvalue()
-    assert "pretty_event" in text
-    with pytest.raises(json.JSONDecodeError):
-        json.loads(text.splitlines()[0])
-
-
-def test_configure_logging_rejects_unknown_level(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIOMM_LOG_LEVEL", "chatty")
-    with pytest.raises(ValueError, match=r"(?i)chatty"):
-        configure_logging(stream=io.StringIO())

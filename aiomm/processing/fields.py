@@ -1,13 +1,20 @@
-"""Per-item views of a processor's batched output.
+"""Per-item views of a processor's batched output, and the contract every field config keeps.
 
 An HF processor returns one batch for all items of a request (e.g. Qwen's ``pixel_values`` rows of
-every image concatenated). Field configs say how each key splits into one entry per item, so a
-cache can store and reuse single items and merge them back in any combination, independently of
-how the original batch was formed or padded.
+every image concatenated). A field config says how one output key splits into one entry per item
+and how entries merge back, so a cache can store and reuse single items and merge them in any
+combination, independently of how the original batch was formed or padded.
+
+Every field config implements :class:`FieldConfig`: ``split`` (batch -> items), ``merge`` (items
+-> batch), ``concat_parts`` (the merge as a concatenation the device stage's one copy can do, or
+None) with ``repeat`` (rows stored compact, expanded by :class:`Repeat`, the only definition of the
+frame repeat), and ``finish`` (a merged batch after the device stage normalised it). The engine and
+the device stage use nothing else.
 """
 
 from __future__ import annotations
 
+import abc
 import enum
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,17 +22,90 @@ from typing import Any, NamedTuple
 
 import torch
 
-from aiomm.errors import ProcessingError
+from aiomm.errors import KernelInputError, ProcessingError
+from aiomm.kernels import expand_repeat
 
 __all__ = (
+    "FieldConfig",
     "FieldKind",
     "MultiModalFieldConfig",
     "MultiModalKwargsItem",
+    "PaddedImageField",
     "Parts",
+    "Repeat",
     "concat_parts",
     "merge_items",
     "split_items",
 )
+
+
+class Repeat(NamedTuple):
+    """Rows stored compact: each of a row's ``blocks`` equal blocks stands for ``times`` copies.
+
+    Qwen-VL's image rows hold the frame ``temporal_patch_size`` times per channel; items and the
+    cache keep one copy (1/times of the bytes) and the merge (or the device stage's one copy)
+    writes the others.
+    """
+
+    blocks: int
+    times: int
+
+    def expand(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` ``[n, blocks * width]`` as a view ``[n, blocks, times, width]`` whose
+        flattening after dim 0 is the model's rows.
+
+        :raises ProcessingError: rows that do not split into ``blocks`` equal blocks.
+        """
+        try:
+            return expand_repeat(value, self)
+        except KernelInputError:
+            raise ProcessingError(
+                f"rows of shape {list(value.shape)} do not split into {self.blocks} equal blocks"
+            ) from None
+
+    def expanded_width(self, width: int) -> int:
+        """The width of a model row made from a compact row of ``width`` values."""
+        return width * self.times
+
+
+class FieldConfig(abc.ABC):
+    """How one output key splits into items of ``modality`` and merges back.
+
+    Subclasses implement :meth:`split` and :meth:`merge`; the defaults of the rest say "no
+    concatenation, no repeat, nothing to finish".
+    """
+
+    modality: str
+    #: compact rows (see :class:`Repeat`); None when values are stored as the model takes them
+    repeat: Repeat | None = None
+
+    @abc.abstractmethod
+    def split(self, key: str, value: Any) -> list[Any]:
+        """Split a batch into per-item values.
+
+        :raises ProcessingError: if the value does not fit the config.
+        """
+
+    @abc.abstractmethod
+    def merge(self, values: Sequence[Any]) -> Any:
+        """Merge per-item values into one batch (the inverse of :meth:`split`)."""
+
+    def expanded(self, value: torch.Tensor) -> torch.Tensor:
+        """A stored value as the model takes it (a view; the value itself without ``repeat``)."""
+        return value if self.repeat is None else self.repeat.expand(value)
+
+    def concat_parts(self, values: Sequence[Any]) -> list[torch.Tensor] | None:
+        """Tensors whose concatenation along dim 0 (each :meth:`expanded`) is
+        ``merge(values)``, or None when the merge is not such a concatenation.
+
+        A consumer that copies the batch anyway (the device stage) merges in that one copy.
+        """
+        return None
+
+    def finish(self, batch: torch.Tensor, values: Sequence[Any]) -> torch.Tensor:
+        """``merge(values)`` after the device stage normalised it: whatever the merge filled
+        in (padding) gets the value the reference batch has there."""
+        return batch
 
 
 class FieldKind(enum.Enum):
@@ -35,17 +115,15 @@ class FieldKind(enum.Enum):
 
 
 @dataclass(frozen=True)
-class MultiModalFieldConfig:
-    """How one output key splits into items of ``modality``."""
+class MultiModalFieldConfig(FieldConfig):
+    """A batched, flat or shared field (see :class:`FieldKind`)."""
 
     kind: FieldKind
     modality: str
     sizes: tuple[int, ...] | None = None
     batch_size: int | None = None
-    #: ``(blocks, times)``: rows are stored compact, and merging repeats each of a row's
-    #: ``blocks`` equal blocks ``times`` times in place (Qwen-VL's image rows hold the frame
-    #: ``temporal_patch_size`` times per channel): items and the cache keep 1/times of the bytes.
-    repeat: tuple[int, int] | None = None
+    #: compact rows of a flat field, expanded on merge (see :class:`Repeat`)
+    repeat: Repeat | None = None
 
     @staticmethod
     def batched(modality: str) -> MultiModalFieldConfig:
@@ -66,7 +144,9 @@ class MultiModalFieldConfig:
             FieldKind.FLAT,
             modality,
             sizes=tuple(int(s) for s in sizes),
-            repeat=None if repeat is None or repeat[1] == 1 else (int(repeat[0]), int(repeat[1])),
+            repeat=None
+            if repeat is None or repeat[1] == 1
+            else Repeat(int(repeat[0]), int(repeat[1])),
         )
 
     @staticmethod
@@ -97,29 +177,13 @@ class MultiModalFieldConfig:
             start += size
         return out
 
-    def expanded(self, value: torch.Tensor) -> torch.Tensor:
-        """A stored value as the model takes it: a view ``[rows, blocks, times, width]`` whose
-        flattening after dim 0 is the model's rows (the value itself without ``repeat``).
-
-        :raises ProcessingError: rows that do not split into ``blocks`` equal blocks.
-        """
-        if self.repeat is None:
-            return value
-        blocks, times = self.repeat
-        if value.dim() != 2 or value.shape[1] % blocks:
-            raise ProcessingError(
-                f"rows of shape {list(value.shape)} do not split into {blocks} equal blocks"
-            )
-        n, width = value.shape[0], value.shape[1] // blocks
-        return value.view(n, blocks, 1, width).expand(n, blocks, times, width)
-
     def merge(self, values: Sequence[Any]) -> Any:
         """Merge per-item values back into one batch (the inverse of :meth:`split`); rows stored
         compact (``repeat``) are expanded in the same copy."""
         if self.kind is FieldKind.SHARED:
             return values[0]
         if self.repeat is not None and all(isinstance(v, torch.Tensor) for v in values):
-            return torch.cat([self.expanded(v) for v in values]).flatten(1)
+            return torch.cat([self.repeat.expand(v) for v in values]).flatten(1)
         if all(isinstance(v, torch.Tensor) for v in values):
             return (
                 torch.stack(list(values))
@@ -131,11 +195,7 @@ class MultiModalFieldConfig:
         return [x for v in values for x in v]
 
     def concat_parts(self, values: Sequence[Any]) -> list[torch.Tensor] | None:
-        """Tensors whose concatenation along dim 0 is ``merge(values)`` (once each is
-        :meth:`expanded`, when ``repeat`` is set), or None when the merge is not a concatenation
-        of tensors (shared or non-tensor values).
-
-        A consumer that copies the batch anyway (the device stage) merges in that one copy.
+        """See :meth:`FieldConfig.concat_parts`; None for shared or non-tensor values.
 
         :raises ProcessingError: batched values of different shapes (they cannot be stacked).
         """
@@ -151,13 +211,71 @@ class MultiModalFieldConfig:
         return list(values)
 
 
+@dataclass(frozen=True)
+class PaddedImageField(FieldConfig):
+    """A padded image batch: ``[N, C, H, W]``, image ``i`` in its top-left ``sizes[i]`` corner,
+    zeros elsewhere (or a list of ``[C, h_i, w_i]`` tensors).
+
+    :meth:`split` crops each image to its own size (an independent copy, so a cached item holds
+    no reference to the batch); :meth:`merge` pads the items to the largest height and width with
+    zeros and stacks them, reproducing the padded batch of any combination of items; :meth:`finish`
+    puts the zeros back after the device stage normalised the padding along with the pixels.
+    """
+
+    modality: str
+    #: (height, width) of each image of the batch being split; merging does not use them
+    sizes: tuple[tuple[int, int], ...]
+
+    def split(self, key: str, value: Any) -> list[torch.Tensor]:
+        """Crop each image of ``value`` to its size.
+
+        :raises ProcessingError: if ``value`` does not hold one image per size.
+        """
+        if len(value) != len(self.sizes):
+            raise ProcessingError(
+                f"field {key!r} has {len(value)} images but {len(self.sizes)} image sizes"
+            )
+        out = []
+        shares_batch = isinstance(value, torch.Tensor) and len(self.sizes) > 1
+        for image, (h, w) in zip(value, self.sizes, strict=True):
+            image = torch.as_tensor(image)
+            if image.shape[-2] < h or image.shape[-1] < w:
+                raise ProcessingError(
+                    f"field {key!r}: image of shape {tuple(image.shape)} is smaller than its "
+                    f"size {h}x{w}"
+                )
+            crop = image[..., :h, :w]
+            if shares_batch or crop.shape != image.shape:
+                crop = crop.clone(memory_format=torch.contiguous_format)
+            out.append(crop)
+        return out
+
+    def merge(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Pad every image to the largest height and width (bottom, right) and stack them."""
+        height = max(int(v.shape[-2]) for v in values)
+        width = max(int(v.shape[-1]) for v in values)
+        first = values[0]
+        out = first.new_zeros((len(values), *first.shape[:-2], height, width))
+        for i, v in enumerate(values):
+            out[i, ..., : v.shape[-2], : v.shape[-1]] = v
+        return out
+
+    def finish(self, batch: torch.Tensor, values: Sequence[Any]) -> torch.Tensor:
+        """Zero the padding of ``batch`` (normalised uint8 zeros are ``-mean / std``)."""
+        for i, v in enumerate(values):
+            h, w = int(v.shape[-2]), int(v.shape[-1])
+            batch[i, ..., h:, :] = 0
+            batch[i, ..., :h, w:] = 0
+        return batch
+
+
 @dataclass
 class MultiModalKwargsItem:
     """The processor output of one item: its modality and, per key, its value and field config."""
 
     modality: str
     data: dict[str, Any]
-    fields: dict[str, MultiModalFieldConfig] = field(repr=False)
+    fields: dict[str, FieldConfig] = field(repr=False)
 
     def nbytes(self) -> int:
         """Bytes held by this item's tensors (what a cache counts)."""
@@ -165,7 +283,7 @@ class MultiModalKwargsItem:
 
 
 def split_items(
-    outputs: Mapping[str, Any], fields_config: Mapping[str, MultiModalFieldConfig]
+    outputs: Mapping[str, Any], fields_config: Mapping[str, FieldConfig]
 ) -> dict[str, list[MultiModalKwargsItem]]:
     """Split batched processor outputs into per-item entries, grouped by modality.
 
@@ -200,7 +318,7 @@ def merge_items(
     """Merge items (of one or several modalities, in order) into model-ready batched kwargs,
     leaving out the keys in ``skip``."""
     by_key: dict[str, list[Any]] = {}
-    configs: dict[str, MultiModalFieldConfig] = {}
+    configs: dict[str, FieldConfig] = {}
     for item in items:
         for key, value in item.data.items():
             if key in skip:
@@ -212,15 +330,15 @@ def merge_items(
 
 class Parts(NamedTuple):
     """A field's per-item tensors, to concatenate along dim 0 after expanding each by
-    ``repeat`` (see :attr:`MultiModalFieldConfig.repeat`)."""
+    ``repeat`` (see :class:`Repeat`)."""
 
     tensors: list[torch.Tensor]
-    repeat: tuple[int, int] | None
+    repeat: Repeat | None
 
 
 def concat_parts(items: Sequence[MultiModalKwargsItem], key: str) -> Parts | None:
     """``key``'s per-item tensors as :class:`Parts`; None when no item has ``key`` or its merge
-    is not a concatenation (see :meth:`MultiModalFieldConfig.concat_parts`)."""
+    is not a concatenation (see :meth:`FieldConfig.concat_parts`)."""
     values = [item.data[key] for item in items if key in item.data]
     if not values:
         return None

@@ -1,25 +1,25 @@
-"""Where each multimodal item's tokens sit in an expanded prompt.
+"""Where each multimodal item's tokens sit in a prompt: ranges, and the scan that finds them.
 
-:func:`find_mm_placeholders` scans the prompt left to right, as vLLM does: at each position it tries
-the next unfound item of every modality (modalities in the order their updates were given, an
-item's alternative contents in order) and takes the first whose full content starts there; it then
-jumps past that content. An item that is never found blocks every later item of its modality.
+:func:`find_placeholders` scans the prompt left to right, as vLLM does: at each position it tries
+the next unfound item of every modality (modalities in priority order, an item's alternative
+contents in order) and takes the first whose full content starts there; it then jumps past that
+content. An item that is never found blocks every later item of its modality.
 
 The scan never compares token by token at every position: each candidate content has a
 :class:`TokenSearcher` (Knuth-Morris-Pratt, forward only), so the whole scan reads each prompt
 token a bounded number of times per candidate and stays linear on adversarial prompts.
+
+This module knows nothing of prompt updates (:mod:`aiomm.processing.prompt_updates` builds on it):
+a content is anything with token ids ``full`` and a mask ``is_embed`` (:class:`PlaceholderContent`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-if TYPE_CHECKING:
-    from aiomm.processing.prompt_updates import PromptUpdate, PromptUpdateDetails
-
-__all__ = ("PlaceholderRange", "TokenSearcher", "find_mm_placeholders", "find_placeholders")
+__all__ = ("PlaceholderContent", "PlaceholderRange", "TokenSearcher", "find_placeholders")
 
 # First chunk compared slice-wise after a token that can start a match; chunks then double.
 _FIRST_CHUNK = 8
@@ -51,6 +51,20 @@ class PlaceholderRange:
         """A JSON-friendly form: ``offset``, ``length`` and ``is_embed`` (a list, or ``None``)."""
         is_embed = None if self.is_embed is None else [bool(x) for x in self.is_embed]
         return {"offset": self.offset, "length": self.length, "is_embed": is_embed}
+
+
+class PlaceholderContent(Protocol):
+    """The tokens an item puts in the prompt (``PromptUpdateDetails`` is one)."""
+
+    @property
+    def full(self) -> tuple[int, ...]:
+        """The item's token ids."""
+        ...
+
+    @property
+    def is_embed(self) -> tuple[bool, ...] | None:
+        """One flag per token of ``full``: which take the item's embeddings (``None``: all)."""
+        ...
 
 
 class TokenSearcher:
@@ -168,7 +182,7 @@ def _common_prefix(prompt: list[int], j: int, pattern: list[int]) -> tuple[int, 
 
 def find_placeholders(
     prompt: Sequence[int],
-    contents: Mapping[str, Sequence[Sequence[PromptUpdateDetails]]],
+    contents: Mapping[str, Sequence[Sequence[PlaceholderContent]]],
 ) -> dict[str, list[PlaceholderRange]]:
     """Find each item's content in ``prompt``.
 
@@ -180,7 +194,7 @@ def find_placeholders(
     searchers: dict[tuple[int, ...], TokenSearcher] = {}
     found: dict[str, list[PlaceholderRange]] = {m: [] for m in contents}
 
-    def candidates(modality: str) -> list[tuple[PromptUpdateDetails, TokenSearcher]]:
+    def candidates(modality: str) -> list[tuple[PlaceholderContent, TokenSearcher]]:
         items, item_idx = contents[modality], len(found[modality])
         if item_idx >= len(items):
             return []
@@ -195,7 +209,7 @@ def find_placeholders(
     current = {m: candidates(m) for m in contents}
     pos = 0
     while True:
-        best: tuple[int, str, PromptUpdateDetails] | None = None
+        best: tuple[int, str, PlaceholderContent] | None = None
         for modality, cands in current.items():
             for details, searcher in cands:
                 start = searcher.find(pos)
@@ -209,22 +223,3 @@ def find_placeholders(
         current[modality] = candidates(modality)
         pos = start + len(details.full)
     return {m: ranges for m, ranges in found.items() if ranges}
-
-
-def find_mm_placeholders(
-    prompt: Sequence[int],
-    updates: Sequence[PromptUpdate],
-    mm_item_counts: Mapping[str, int],
-) -> dict[str, list[PlaceholderRange]]:
-    """The placeholder range of every item found in ``prompt``, per modality.
-
-    Items are bound to ``updates`` as in :func:`~aiomm.processing.prompt_updates.apply_and_find`;
-    items not found are absent, and a missing item hides every later item of its modality.
-    """
-    contents: dict[str, list[list[PromptUpdateDetails]]] = {}
-    for update in updates:
-        count = mm_item_counts.get(update.modality, 0)
-        per_item = contents.setdefault(update.modality, [[] for _ in range(count)])
-        for item_idx, alternatives in enumerate(per_item):
-            alternatives.append(update.resolve(item_idx).content)
-    return find_placeholders(prompt, contents)

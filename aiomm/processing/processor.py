@@ -5,7 +5,7 @@ the text. A processor here therefore
 
 1. runs the image transform (four overridable stages, mirroring vLLM's design):
    ``_get_hf_mm_inputs`` -> ``_call_hf_processor`` -> ``_finalize_hf_mm_data`` ->
-   ``_postprocess_hf_mm_data``, composed by ``_apply_hf_processor_main``;
+   ``_postprocess_hf_mm_data``, composed by ``process_items``;
 2. splits the batched output into per-item entries (``_get_mm_fields_config``), the unit a cache
    stores;
 3. applies the model's prompt updates to the token ids (``_postprocess_prompt`` first, then
@@ -25,9 +25,10 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import PIL.Image
-import structlog
 import torch
 
+from aiomm.config import MultiModalConfig as MultiModalConfig
+from aiomm.config import TransformMode as TransformMode
 from aiomm.errors import (
     PixelValueRoundingError,
     ProcessingError,
@@ -35,9 +36,10 @@ from aiomm.errors import (
     UnknownModalityError,
 )
 from aiomm.kernels import ChannelLayout, FusedMMInputNorm
+from aiomm.logging import get_logger
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import (
-    MultiModalFieldConfig,
+    FieldConfig,
     MultiModalKwargsItem,
     merge_items,
     split_items,
@@ -52,32 +54,11 @@ __all__ = (
     "ProcessedInputs",
 )
 
-log = structlog.get_logger(__name__)
-
-TransformMode = Literal["auto", "hf", "native"]
+log = get_logger(__name__)
 
 # Our modality names -> the keyword an HF processor takes them under.
 _HF_DATA_KEYS = {"image": "images", "video": "videos", "audio": "audios"}
 _TEXT_OUTPUT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
-
-
-@dataclass(frozen=True)
-class MultiModalConfig:
-    """Per-processor options.
-
-    ``mm_device_do_normalize``: None takes the adapter's default (True for every supported
-    architecture). When on, the transform runs with rescale and normalise disabled and
-    ``pixel_values`` come out as uint8, to be normalised on the device by ``FusedMMInputNorm``.
-    ``transform``: ``hf`` calls the HF processor; ``native`` runs aiomm's own uint8 transform;
-    ``auto`` takes ``native`` where the adapter has one proven equal to ``hf``.
-    """
-
-    mm_device_do_normalize: bool | None = None
-    transform: TransformMode = "auto"
-
-    def __post_init__(self) -> None:
-        if self.transform not in ("auto", "hf", "native"):
-            raise ValueError(f"transform must be 'auto', 'hf' or 'native', got {self.transform!r}")
 
 
 @dataclass(frozen=True)
@@ -154,13 +135,22 @@ def check_uint8_exact(name: str, values: torch.Tensor) -> torch.Tensor:
 class BaseMultiModalProcessor:
     """Base class of every adapter's processor.
 
-    Subclasses set ``supported_modalities`` and ``dummy_inputs`` and implement
-    ``_get_mm_fields_config``, ``_get_prompt_updates`` and ``_get_normalization_params``; those
-    with a native transform implement ``_call_native_transform`` and set ``has_native = True``.
+    Subclasses set ``supported_modalities`` and ``dummy_inputs`` (None: the HF processor is
+    called without text) and implement ``_get_mm_fields_config``, ``_get_prompt_updates`` and
+    ``_get_normalization_params``; those with a native transform implement
+    ``_call_native_transform`` and set ``has_native = True``.
+
+    Optional hooks, each overridden by an adapter today: ``_get_hf_mm_inputs`` (processor
+    kwargs rewritten for the HF call), ``_postprocess_hf_mm_data`` (outputs that are not one
+    tensor, e.g. unpadded images) and ``_postprocess_prompt`` (prompt-only edits).
+    ``_call_hf_processor`` and ``_finalize_hf_mm_data`` are stages 2 and 3 of the design; no
+    adapter overrides them (stage 2 dispatches to ``_call_native_transform``, stage 3 merges
+    stage 1's passthrough data), but they stay the seams where a processor whose HF call or
+    outputs differ plugs in, as vLLM's processors do.
     """
 
     supported_modalities: ClassVar[tuple[str, ...]] = ("image",)
-    dummy_inputs: ClassVar[BaseDummyInputsBuilder]
+    dummy_inputs: ClassVar[BaseDummyInputsBuilder | None]
     default_device_normalize: ClassVar[bool] = True
     has_native: ClassVar[bool] = False
     #: whether the native transform is a plain resize + patchify that can run on the device
@@ -212,13 +202,27 @@ class BaseMultiModalProcessor:
         return mm_items
 
     def process_items(
-        self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
+        self,
+        mm_items: Mapping[str, list[Any]],
+        hf_kwargs: Mapping[str, Any],
+        *,
+        validated: bool = False,
     ) -> dict[str, list[MultiModalKwargsItem]]:
-        """Run the transform on every item and split the result into per-item entries."""
-        self.validate_hf_kwargs(hf_kwargs)
+        """Run the transform on every item and split the result into per-item entries.
+
+        ``validated``: the caller already checked ``hf_kwargs`` with :meth:`validate_hf_kwargs`
+        (the engine does, once per request, before any item is loaded).
+
+        :raises ProcessorKwargsError: for processor kwargs the processor does not take.
+        """
+        if not validated:
+            self.validate_hf_kwargs(hf_kwargs)
         if not any(mm_items.values()):
             return {}
-        outputs = self._apply_hf_processor_main(mm_items, hf_kwargs)
+        hf_data, kwargs, passthrough = self._get_hf_mm_inputs(mm_items, hf_kwargs)
+        processed = self._call_hf_processor(hf_data, kwargs) if hf_data else None
+        data = self._finalize_hf_mm_data(processed, passthrough)
+        outputs = self._postprocess_hf_mm_data(data, kwargs)
         return split_items(outputs, self._get_mm_fields_config(outputs, hf_kwargs))
 
     def assemble(
@@ -269,21 +273,19 @@ class BaseMultiModalProcessor:
 
     # ------------------------------------------------------------------ the four HF stages
 
-    def _get_hf_mm_text(self, mm_counts: Mapping[str, int]) -> str | None:
-        """The dummy text the HF processor is called with (None: call it without text)."""
-        return self.dummy_inputs.get_dummy_text(mm_counts)
-
     def _get_hf_mm_inputs(
         self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        """Stage 1: processor data, processor kwargs and passthrough data."""
+        """Stage 1: processor data (with ``dummy_inputs``' text), processor kwargs and
+        passthrough data."""
         hf_data = {_HF_DATA_KEYS.get(m, m): list(items) for m, items in mm_items.items()}
         if "audios" in hf_data:
             hf_data["audio"] = hf_data.pop("audios")
         kwargs = dict(hf_kwargs)
         if self.device_normalize:
             kwargs.update(do_rescale=False, do_normalize=False)
-        text = self._get_hf_mm_text({m: len(items) for m, items in mm_items.items()})
+        counts = {m: len(items) for m, items in mm_items.items()}
+        text = None if self.dummy_inputs is None else self.dummy_inputs.get_dummy_text(counts)
         if text is not None:
             hf_data["text"] = [text]
             kwargs["truncation"] = False
@@ -325,14 +327,6 @@ class BaseMultiModalProcessor:
                     data[key] = check_uint8_exact(key, torch.as_tensor(data[key]))
         return data
 
-    def _apply_hf_processor_main(
-        self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        hf_data, kwargs, passthrough = self._get_hf_mm_inputs(mm_items, hf_kwargs)
-        processed = self._call_hf_processor(hf_data, kwargs) if hf_data else None
-        data = self._finalize_hf_mm_data(processed, passthrough)
-        return self._postprocess_hf_mm_data(data, kwargs)
-
     # ------------------------------------------------------------------ per-model hooks
 
     def _postprocess_prompt(self, token_ids: list[int]) -> list[int]:
@@ -341,7 +335,7 @@ class BaseMultiModalProcessor:
 
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
-    ) -> dict[str, MultiModalFieldConfig]:
+    ) -> dict[str, FieldConfig]:
         raise NotImplementedError
 
     def _get_prompt_updates(

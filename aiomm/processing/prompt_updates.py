@@ -12,6 +12,11 @@ mode; an INSERT round places every such item (items after the same target stack 
 a REPLACE round places every zero-width match but only the earliest non-empty one. Hence a
 replacement consumes one target occurrence per item in prompt order. Matching is
 non-overlapping, and one forward-only searcher per distinct target serves every item and round.
+
+Each item's placeholder range is recorded where its content goes in (never re-detected
+afterwards). :func:`apply_and_find_partial` reports the items whose target matched nowhere next
+to the partly updated prompt; :func:`apply_and_find` raises for them instead. Placeholder ranges
+and the token searcher live in :mod:`aiomm.processing.placeholders`, which this module builds on.
 """
 
 from __future__ import annotations
@@ -38,11 +43,14 @@ __all__ = (
     "PromptUpdate",
     "PromptUpdateContent",
     "PromptUpdateDetails",
+    "PromptUpdateResult",
     "ResolvedPromptUpdate",
     "ResolvedUpdates",
     "UpdateMode",
     "apply_and_find",
+    "apply_and_find_partial",
     "apply_prompt_updates",
+    "find_mm_placeholders",
     "resolve_prompt_updates",
 )
 
@@ -356,25 +364,52 @@ def _first_match(
     return None
 
 
-def _apply_resolved(prompt: list[int], resolved: ResolvedUpdates) -> list[int]:
+@dataclass(frozen=True)
+class _Pass:
+    """One application of the updates to a prompt: the raw facts every public form reports."""
+
+    tokens: list[int]
+    ranges: dict[str, dict[int, PlaceholderRange]]  # items placed with a non-empty content
+    unmatched: dict[str, tuple[int, ...]]  # per modality with any, in priority order
+    end: int  # how far into the original prompt the updates reached
+
+
+def _apply_resolved(prompt: list[int], resolved: ResolvedUpdates) -> _Pass:
     groups = _group_items(resolved)
     matcher = _TargetMatcher(prompt)
+    ranges: dict[str, dict[int, PlaceholderRange]] = {m: {} for m in resolved}
     chunks: list[Sequence[int]] = []
-    pos = 0
+    pos = size = 0  # size: tokens written so far, so each content's offset is known as it goes in
     while any(g.pending for g in groups):
         plan = _plan_round(groups, matcher, pos)
         if plan is None:
             break
         mode, hits = plan
         for hit in hits:
-            cut = hit.end if mode is UpdateMode.INSERT else hit.start
-            chunks.append(prompt[pos:cut])
-            chunks.append(resolved[hit.group.modality][hit.item][hit.alt].content.full)
+            # Stacked insertions cut behind ``pos``: their slice is empty.
+            kept = prompt[pos : hit.end if mode is UpdateMode.INSERT else hit.start]
+            content = resolved[hit.group.modality][hit.item][hit.alt].content
+            offset = size + len(kept)
+            if content.full:
+                # Recorded where it goes in, never re-detected: an inserted content that starts
+                # with its own target would otherwise be reported on the target.
+                ranges[hit.group.modality][hit.item] = PlaceholderRange(
+                    offset, len(content.full), content.is_embed
+                )
+            chunks += (kept, content.full)
+            size = offset + len(content.full)
             pos = max(pos, hit.end)
             hit.group.pending.popleft()  # hits of a group come in item order
-    _raise_for_unplaced(prompt, resolved, groups, pos)
     chunks.append(prompt[pos:])
-    return list(itertools.chain.from_iterable(chunks))
+    unmatched: dict[str, list[int]] = {}
+    for group in sorted((g for g in groups if g.pending), key=lambda g: g.rank):
+        unmatched.setdefault(group.modality, []).extend(group.pending)
+    return _Pass(
+        list(itertools.chain.from_iterable(chunks)),
+        ranges,
+        {m: tuple(sorted(items)) for m, items in unmatched.items()},
+        pos,
+    )
 
 
 def apply_prompt_updates(
@@ -387,28 +422,30 @@ def apply_prompt_updates(
         are items.
     :raises PromptUpdateError: when some other item's target cannot be matched.
     """
-    return _apply_resolved(list(prompt), resolve_prompt_updates(updates, mm_item_counts))
+    tokens = list(prompt)
+    resolved = resolve_prompt_updates(updates, mm_item_counts)
+    applied = _apply_resolved(tokens, resolved)
+    _raise_for_unmatched(tokens, resolved, applied)
+    return applied.tokens
 
 
-def _raise_for_unplaced(
-    prompt: list[int], resolved: ResolvedUpdates, groups: list[_Group], pos: int
-) -> None:
-    unplaced = [(g.rank, i, g) for g in groups for i in g.pending]
-    if not unplaced:
+def _raise_for_unmatched(prompt: list[int], resolved: ResolvedUpdates, applied: _Pass) -> None:
+    if not applied.unmatched:
         return
-    _, item_idx, group = min(unplaced, key=lambda x: x[:2])
-    modality, count = group.modality, len(resolved[group.modality])
+    # The first item in vLLM's visiting order: modalities in priority order, then items.
+    modality, unmatched = next(iter(applied.unmatched.items()))
+    item_idx, count = unmatched[0], len(resolved[modality])
     target = _fixed_replace_target(resolved[modality])
     if target is not None:
         occurrences = _count_occurrences(prompt, target)
         if occurrences < count:
             raise ItemCountMismatchError(modality, count, occurrences)
-    placed = count - sum(len(g.pending) for g in groups if g.modality == modality)
-    targets = " or ".join(_show(t) for _, t in group.targets)
+    targets = " or ".join(_show(u.target) for u in resolved[modality][item_idx])
     raise PromptUpdateError(
         f"cannot place {modality} item {item_idx}: no match for its target {targets} at or after "
-        f"token {pos} of the {len(prompt)}-token prompt ({placed} of {count} {modality} item(s) "
-        "placed); updates apply left to right, one target occurrence per replaced item"
+        f"token {applied.end} of the {len(prompt)}-token prompt ({count - len(unmatched)} of "
+        f"{count} {modality} item(s) placed); updates apply left to right, one target occurrence "
+        "per replaced item"
     )
 
 
@@ -438,7 +475,99 @@ def _count_occurrences(
     return count
 
 
+# ------------------------------------------------------------------------------------- find
+
+
+def _contents(resolved: ResolvedUpdates) -> dict[str, list[tuple[PromptUpdateDetails, ...]]]:
+    return {m: [tuple(u.content for u in alts) for alts in items] for m, items in resolved.items()}
+
+
+def find_mm_placeholders(
+    prompt: Sequence[int],
+    updates: Sequence[PromptUpdate],
+    mm_item_counts: Mapping[str, int],
+) -> dict[str, list[PlaceholderRange]]:
+    """The placeholder range of every item found in ``prompt`` (already updated), per modality.
+
+    Each item may be found as the content of any of its modality's updates (see
+    :func:`~aiomm.processing.placeholders.find_placeholders`); items not found are absent, and a
+    missing item hides every later item of its modality.
+    """
+    contents: dict[str, list[list[PromptUpdateDetails]]] = {}
+    for update in updates:
+        count = mm_item_counts.get(update.modality, 0)
+        per_item = contents.setdefault(update.modality, [[] for _ in range(count)])
+        for item_idx, alternatives in enumerate(per_item):
+            alternatives.append(update.resolve(item_idx).content)
+    return find_placeholders(prompt, contents)
+
+
 # ------------------------------------------------------------------------------ apply and find
+
+
+@dataclass(frozen=True)
+class PromptUpdateResult:
+    """What applying prompt updates achieved, including for items that could not be placed."""
+
+    prompt: list[int]
+    """The prompt with the update of every matched item applied."""
+    items: dict[str, tuple[PlaceholderRange | None, ...]]
+    """Per modality with items (in priority order), per item: the range of its tokens in
+    ``prompt``, or ``None`` when it has none (its target matched nowhere, or its content is
+    empty)."""
+    unmatched: dict[str, tuple[int, ...]]
+    """Per modality with any, the indices of the items whose target matched nowhere in the prompt
+    (nothing went into the prompt for them), ascending."""
+    already_updated: bool
+    """Whether the prompt already held every item's content: it was then returned as it was, with
+    the ranges a scan finds (no update was applied)."""
+
+    @property
+    def placeholders(self) -> dict[str, list[PlaceholderRange]]:
+        """The ranges found, per modality with any, in item order (as :func:`apply_and_find`)."""
+        found = {m: [r for r in ranges if r is not None] for m, ranges in self.items.items()}
+        return {m: ranges for m, ranges in found.items() if ranges}
+
+    @property
+    def unmatched_counts(self) -> dict[str, int]:
+        """How many items of each modality (with any) matched nowhere."""
+        return {m: len(items) for m, items in self.unmatched.items()}
+
+    @property
+    def complete(self) -> bool:
+        """Whether every item has a range."""
+        return all(r is not None for ranges in self.items.values() for r in ranges)
+
+
+def _apply_and_find(
+    prompt: list[int], resolved: ResolvedUpdates
+) -> tuple[PromptUpdateResult, _Pass | None]:
+    """The result, and the application behind it (``None``: the prompt was already updated)."""
+    counts = {m: len(items) for m, items in resolved.items() if items}
+    found = find_placeholders(prompt, _contents(resolved))
+    if all(len(found.get(m, ())) == n for m, n in counts.items()):
+        # vLLM's scan of an already updated prompt: the n-th range found is item n's.
+        items = {m: tuple(found[m]) for m in counts}
+        return PromptUpdateResult(prompt, items, {}, already_updated=True), None
+    applied = _apply_resolved(prompt, resolved)
+    items = {m: tuple(map(applied.ranges[m].get, range(n))) for m, n in counts.items()}
+    result = PromptUpdateResult(applied.tokens, items, applied.unmatched, already_updated=False)
+    return result, applied
+
+
+def apply_and_find_partial(
+    prompt: Sequence[int], updates: Sequence[PromptUpdate], mm_item_counts: Mapping[str, int]
+) -> PromptUpdateResult:
+    """Expand the placeholders of ``prompt`` as far as they match, and say which items did.
+
+    The non-raising form of :func:`apply_and_find`, like vLLM's application of token matches:
+    an item whose target matches nowhere is reported in ``unmatched`` and the others are still
+    applied. A prompt that already contains every item's full content is returned unchanged.
+
+    :raises UnknownModalityError: for items of a modality that no update handles.
+    :raises PromptUpdateError: for a negative item count.
+    """
+    return _apply_and_find(list(prompt), resolve_prompt_updates(updates, mm_item_counts))[0]
 
 
 def apply_and_find(
@@ -446,42 +575,36 @@ def apply_and_find(
 ) -> tuple[list[int], dict[str, list[PlaceholderRange]]]:
     """Expand the placeholders of ``prompt`` and find every item's range in the result.
 
-    A prompt that already contains every item's full content is returned unchanged (it is not
-    expanded twice).
+    An item's range is where its content went in (for an insertion: right after its target). A
+    prompt that already contains every item's full content is returned unchanged (it is not
+    expanded twice); its ranges are then found by scanning, as vLLM does.
 
     :raises UnknownModalityError: for items of a modality that no update handles.
     :raises ItemCountMismatchError: when a replaced placeholder occurs fewer times than there
         are items, or occurs again outside the items' tokens (more placeholders than items).
-    :raises PromptUpdateError: when an item's target cannot be matched, or its content cannot be
-        found after the updates were applied.
+    :raises PromptUpdateError: when an item's target cannot be matched, or its content is empty
+        (so that it has no range).
     """
-    resolved = resolve_prompt_updates(updates, mm_item_counts)
-    contents = {
-        m: [tuple(u.content for u in alts) for alts in items] for m, items in resolved.items()
-    }
     tokens = list(prompt)
-    placeholders = find_placeholders(tokens, contents)
-    if any(len(placeholders.get(m, ())) < len(items) for m, items in contents.items()):
-        tokens = _apply_resolved(tokens, resolved)
-        placeholders = find_placeholders(tokens, contents)
-        _raise_for_unfound(placeholders, resolved)
-    _raise_for_extra_placeholders(tokens, placeholders, resolved)
-    return tokens, placeholders
+    resolved = resolve_prompt_updates(updates, mm_item_counts)
+    result, applied = _apply_and_find(tokens, resolved)
+    if applied is not None:
+        _raise_for_unmatched(tokens, resolved, applied)
+        _raise_for_empty(result)
+    placeholders = result.placeholders
+    _raise_for_extra_placeholders(result.prompt, placeholders, resolved)
+    return result.prompt, placeholders
 
 
-def _raise_for_unfound(
-    placeholders: dict[str, list[PlaceholderRange]], resolved: ResolvedUpdates
-) -> None:
-    for modality, items in resolved.items():
-        ranges = placeholders.get(modality, [])
-        if len(ranges) < len(items):
-            after = ranges[-1].offset + ranges[-1].length if ranges else 0
-            size = len(items[len(ranges)][0].content.full)
-            raise PromptUpdateError(
-                f"the updates were applied but {modality} item {len(ranges)} ({size} tokens) was "
-                f"not found after token {after} ({len(ranges)} of {len(items)} found); an item's "
-                "content must be non-empty and must not also match earlier prompt tokens"
-            )
+def _raise_for_empty(result: PromptUpdateResult) -> None:
+    for modality, ranges in result.items.items():
+        for item_idx, found in enumerate(ranges):
+            if found is None:
+                raise PromptUpdateError(
+                    f"{modality} item {item_idx} matched its target but its content is empty, so "
+                    f"it has no placeholder range ({len(ranges)} {modality} item(s)); every "
+                    "item's content needs at least one token"
+                )
 
 
 def _raise_for_extra_placeholders(

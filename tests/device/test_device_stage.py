@@ -2,18 +2,18 @@
 statistics, the staging pool's accounting through the stage, and a free event loop.
 
 ``FusedMMInputNorm.forward_native`` is the oracle; one test also checks the float64 reference of
-``tests/kernels/test_norm.py``. The CUDA tests at the end run only on a CUDA machine.
+``tests/support/norm_reference.py``. The CUDA tests at the end run only on a CUDA machine.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import ast
 import random
 import time
 from pathlib import Path
-from types import ModuleType
 
 import anyio
+import norm_reference
 import pytest
 import torch
 
@@ -24,7 +24,8 @@ from aiomm.errors import (
     OutputBufferError,
     UnsupportedDtypeError,
 )
-from aiomm.kernels import ChannelLayout
+from aiomm.kernels import ChannelLayout, FusedMMInputNorm
+from aiomm.kernels import norm as norm_module
 from aiomm.processing.processor import NormalizationParams
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -54,15 +55,6 @@ def native(x: torch.Tensor, p: NormalizationParams, dtype: torch.dtype) -> torch
     return p.module().forward_native(x, dtype, layout=p.layout)
 
 
-def load_kernel_tests() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "kernels" / "test_norm.py"
-    spec = importlib.util.spec_from_file_location("aiomm_device_test_norm", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("staging", [False, True], ids=["direct", "staged"])
 @pytest.mark.parametrize("layout", list(SHAPES), ids=lambda v: v.name)
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
@@ -80,7 +72,7 @@ async def test_uint8_equals_forward_native(
 
 
 async def test_matches_float64_reference() -> None:
-    ref_module = load_kernel_tests()
+    ref_module = norm_reference
     p = params(ChannelLayout.PATCHES)
     x = pixels((11, 1176), seed=3)
     for dtype in DTYPES.values():
@@ -373,6 +365,55 @@ async def test_compact_uint8_rows_larger_than_a_lookup_chunk() -> None:
     merged = torch.cat(parts).reshape(-1, 3, 1, 196)
     want = native(merged.expand(-1, 3, 2, 196).reshape(-1, 1176), p, torch.float32)
     assert torch.equal(await stage.run(parts, p, repeat=(3, 2)), want)
+
+
+@pytest.mark.parametrize("layout", [ChannelLayout.PATCHES, ChannelLayout.NHWC], ids=str)
+async def test_cpu_stage_leaves_the_kernel_choice_to_the_module(
+    layout: ChannelLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each part goes to ``FusedMMInputNorm.forward_rows`` with the run's ``repeat``; the module
+    takes the one-pass table lookup for compact uint8 patch rows (one block per channel) and
+    falls back otherwise, with the same results either way."""
+    calls: list[tuple[int, tuple[int, int] | None]] = []
+    table_passes: list[int] = []
+    forward_rows = FusedMMInputNorm.forward_rows
+    rows_by_table = norm_module.normalize_rows_by_table
+
+    def spy_rows(self, x, *args, repeat=None):
+        calls.append((x.shape[0], repeat))
+        return forward_rows(self, x, *args, repeat=repeat)
+
+    def spy_table(table, rows, dst, *, times):
+        table_passes.append(rows.shape[0])
+        return rows_by_table(table, rows, dst, times=times)
+
+    monkeypatch.setattr(FusedMMInputNorm, "forward_rows", spy_rows)
+    monkeypatch.setattr(norm_module, "normalize_rows_by_table", spy_table)
+    stage = DeviceStage("cpu", "float32")
+    p = params(layout)
+    width = 3 * 196 if layout is ChannelLayout.PATCHES else 3
+    parts = [pixels((n, width), seed=80 + n) for n in (5, 2)]
+    blocks = 3 if layout is ChannelLayout.PATCHES else 1
+    got = await stage.run(parts, p, repeat=(blocks, 2))
+    merged = torch.cat(parts)
+    k = width // blocks
+    compact = native(merged, p, torch.float32).reshape(7, blocks, 1, k)
+    assert torch.equal(got, compact.expand(7, blocks, 2, k).reshape(7, 2 * width))
+    assert calls == [(5, (blocks, 2)), (2, (blocks, 2))]
+    assert table_passes == ([5, 2] if layout is ChannelLayout.PATCHES else [])
+
+
+def test_device_stage_imports_only_the_public_kernels_package() -> None:
+    """The stage reaches kernels through ``aiomm.kernels`` alone, never their internals."""
+    source = Path(__file__).resolve().parents[2] / "aiomm" / "device.py"
+    tree = ast.parse(source.read_text())
+    kernel_imports = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiomm.kernels"):
+            kernel_imports.add(node.module)
+        elif isinstance(node, ast.Import):
+            kernel_imports.update(a.name for a in node.names if a.name.startswith("aiomm.kernels"))
+    assert kernel_imports == {"aiomm.kernels"}
 
 
 async def test_cpu_results_recycle_host_memory() -> None:

@@ -18,11 +18,11 @@ import PIL.Image
 import pytest
 import torch
 
-import aiomm.engine as engine_module
 from aiomm.config import EngineConfig
 from aiomm.decode import DecodeConfig
 from aiomm.engine import Engine
 from aiomm.errors import (
+    ConfigError,
     DecodeError,
     EngineClosedError,
     ImageTooLargeError,
@@ -32,6 +32,7 @@ from aiomm.errors import (
 from aiomm.fetch import FetchConfig
 from aiomm.item_cache import CacheOutcome
 from aiomm.samples import encode, photo_like
+from aiomm.stages import PillowDecoder
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -91,20 +92,24 @@ async def test_repeat_is_a_cache_hit_and_equal(make_processor) -> None:
     assert stats.cache.hits == 1 and stats.cache.misses == 1
 
 
-async def test_fifty_concurrent_requests_one_decode(make_processor, monkeypatch) -> None:
-    decodes = 0
-    real_decode = engine_module.decode_image
+class CountingDecoder(PillowDecoder):
+    """The decoder seam: Pillow, counting decodes and holding each one in flight a while."""
 
-    def counting_decode(*args, **kwargs):
-        nonlocal decodes
-        decodes += 1
+    def __init__(self) -> None:
+        super().__init__(DecodeConfig())
+        self.decodes = 0
+
+    def decode(self, data: bytes) -> np.ndarray:
+        self.decodes += 1
         time.sleep(0.05)  # keep the computation in flight while the others arrive
-        return real_decode(*args, **kwargs)
+        return super().decode(data)
 
-    monkeypatch.setattr(engine_module, "decode_image", counting_decode)
+
+async def test_fifty_concurrent_requests_one_decode(make_processor) -> None:
+    decoder = CountingDecoder()
     data = encode(image(3, 300, 400), "JPEG")
     results: dict[int, object] = {}
-    async with Engine(make_processor(), EngineConfig(device="cpu")) as engine:
+    async with Engine(make_processor(), EngineConfig(device="cpu"), decoder=decoder) as engine:
 
         async def one(i: int, scope: anyio.CancelScope) -> None:
             with scope:
@@ -117,7 +122,7 @@ async def test_fifty_concurrent_requests_one_decode(make_processor, monkeypatch)
             await anyio.sleep(0.01)
             scopes[0].cancel()  # the first requester goes away mid-flight
         stats = engine.stats()
-    assert decodes == 1
+    assert decoder.decodes == 1
     assert 0 not in results
     assert len(results) == 49
     outcomes = [r.cache[0].value for r in results.values()]
@@ -399,7 +404,18 @@ async def test_stats_report_stages_queues_and_cache(make_processor) -> None:
     assert stats.requests_failed == 1 and stats.images_processed == 3
     assert stats.stages["total"].count == 3 and stats.stages["total"].p99 > 0
     assert stats.stages["decode_transform"].count == 1
-    assert set(stats.queues) == {"requests", "fetch", "transform", "device", "device_staging"}
+    assert set(stats.queues) == {
+        "requests",
+        "fetch",
+        "hash",
+        "transform",
+        "device",
+        "device_staging",
+    }
+    assert stats.requests_cancelled == 0
+    assert stats.stage_statistics["transform"].completed == 1
+    assert stats.stage_statistics["transform"].failed == 1  # the bytes that are no image
+    assert stats.stage_statistics["output"].completed == 3
     assert stats.device.runs == 3 and stats.device.device == "cpu"
     assert stats.cache.hits == 2 and stats.cache.misses == 1
     assert stats.decoded_bytes.in_use == 0 and stats.decoded_bytes.peak > 0
@@ -431,7 +447,7 @@ async def test_device_resize_equals_cpu_resize(make_processor, name: str, backen
 
 async def test_device_resize_refused_for_the_classic_path(make_processor) -> None:
     processor = make_processor(mm_device_do_normalize=False)
-    with pytest.raises(ValueError, match="mm_device_resize"):
+    with pytest.raises(ConfigError, match="mm_device_resize"):
         Engine(processor, EngineConfig(device="cpu", mm_device_resize=True))
     # the default (None) keeps the CPU path off CUDA
     assert Engine(make_processor(), EngineConfig(device="cpu")).processor.resize_device is None

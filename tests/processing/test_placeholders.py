@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiomm.processing.placeholders import (
-    PlaceholderRange,
-    TokenSearcher,
-    find_mm_placeholders,
-    find_placeholders,
-)
+from aiomm.processing import placeholders
+from aiomm.processing.placeholders import PlaceholderRange, TokenSearcher, find_placeholders
 from aiomm.processing.prompt_updates import (
     PromptInsertion,
     PromptReplacement,
     PromptUpdateDetails,
+    find_mm_placeholders,
 )
 
 IMG, VS, VE = 32000, 151652, 151653
@@ -79,6 +80,29 @@ def comparisons(fn: Callable[..., T], *args: object) -> tuple[T, int]:
     before = TokenSearcher.comparisons
     result = fn(*args)
     return result, TokenSearcher.comparisons - before
+
+
+# --------------------------------------------------------------------------------- layering
+
+
+def test_placeholders_never_imports_prompt_updates() -> None:
+    # prompt_updates builds on placeholders; not even a type-checking or function-level import
+    # may point back.
+    tree = ast.parse(Path(placeholders.__file__).read_text())
+    imported: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            imported += [f"{node.module or ''}.{alias.name}" for alias in node.names]
+    assert imported, "the scan found no imports at all"
+    assert [name for name in imported if "prompt_updates" in name] == []
+    code = (
+        "import sys, aiomm.processing.placeholders; "
+        "print('aiomm.processing.prompt_updates' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 # ------------------------------------------------------------------------------ TokenSearcher

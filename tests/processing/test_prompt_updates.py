@@ -1,11 +1,15 @@
-"""Prompt updates on token ids: vLLM's matching semantics, errors, and linear-time applying."""
+"""Prompt updates on token ids: vLLM's matching semantics, errors, and linear-time applying.
+
+The table cases restate vLLM's ``tests/multimodal/test_processing.py`` (``test_find_update_tokens``
+and the placeholders recorded by ``_apply_token_matches_with_placeholders``) in aiomm's terms.
+"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 from hypothesis import given
@@ -17,7 +21,7 @@ from aiomm.errors import (
     PromptUpdateError,
     UnknownModalityError,
 )
-from aiomm.processing.placeholders import PlaceholderRange, TokenSearcher
+from aiomm.processing.placeholders import PlaceholderRange, TokenSearcher, find_placeholders
 from aiomm.processing.prompt_updates import (
     PromptIndex,
     PromptIndexTargets,
@@ -25,9 +29,11 @@ from aiomm.processing.prompt_updates import (
     PromptReplacement,
     PromptUpdate,
     PromptUpdateDetails,
+    PromptUpdateResult,
     ResolvedPromptUpdate,
     UpdateMode,
     apply_and_find,
+    apply_and_find_partial,
     apply_prompt_updates,
     resolve_prompt_updates,
 )
@@ -315,6 +321,202 @@ def test_alternative_updates_of_one_modality() -> None:
         apply_prompt_updates([918, IMG], updates, {"image": 2})
 
 
+# --------------------------------------------------- placeholders recorded where contents go in
+
+Span = tuple[int, int] | None  # (offset, length) of an item's range; None: the item has none
+
+
+@pytest.mark.parametrize(
+    ("prompt", "update_type", "targets", "contents", "count", "expected", "spans", "unmatched"),
+    [
+        pytest.param(
+            PROMPT,
+            PromptInsertion,
+            TARGETS,
+            CONTENTS,
+            1,
+            [1, 9833, 28747, IMG, IMG, IMG, 9833, 28747, IMG, IMG, 918, 1550, 918, 1550],
+            # The inserted IMG IMG sits after the target IMG at 3: its range starts at 4, not 3.
+            {"pattern_1": [(4, 2)], "pattern_2": [None], "pattern_3": [(11, 3)]},
+            {},
+            id="insert-one-each",
+        ),
+        pytest.param(
+            PROMPT,
+            PromptInsertion,
+            TARGETS,
+            CONTENTS,
+            2,
+            [1, 9833, 28747, *[IMG] * 5, 9833, 28747, IMG, IMG, 918, *[1550, 918, 1550] * 2],
+            {
+                "pattern_1": [(4, 2), (6, 2)],
+                "pattern_2": [None, None],
+                "pattern_3": [(13, 3), (16, 3)],
+            },
+            {},
+            id="insert-two-each-stacked",
+        ),
+        pytest.param(
+            PROMPT,
+            PromptReplacement,
+            TARGETS,
+            CONTENTS,
+            1,
+            [1, IMG, IMG, 9833, 28747, IMG, IMG, 1550, 918, 1550],
+            {"pattern_1": [(1, 2)], "pattern_2": [None], "pattern_3": [(7, 3)]},
+            {},
+            id="replace-one-each",
+        ),
+        pytest.param(
+            PROMPT,
+            PromptReplacement,
+            TARGETS,
+            CONTENTS,
+            2,
+            [1, *[IMG] * 5, 1550, 918, 1550],
+            # Only one "!" for two pattern_3 items: the second is left unmatched.
+            {"pattern_1": [(1, 2), (3, 2)], "pattern_2": [None, None], "pattern_3": [(6, 3), None]},
+            {"pattern_3": (1,)},
+            id="replace-two-each-one-short",
+        ),
+        *(
+            pytest.param(
+                [],
+                update_type,
+                INDEX_TARGETS,
+                INDEX_CONTENTS,
+                1,
+                [-1, -3],
+                {"pattern_1": [(0, 1)], "pattern_2": [None], "pattern_3": [(1, 1)]},
+                {"pattern_2": (0,)},  # an empty prompt has no prefix
+                id=f"{update_type.__name__}-index-empty-prompt",
+            )
+            for update_type in (PromptInsertion, PromptReplacement)
+        ),
+        *(
+            pytest.param(
+                [IMG],
+                update_type,
+                INDEX_TARGETS,
+                INDEX_CONTENTS,
+                count,
+                expected,
+                spans,
+                {},
+                id=f"{update_type.__name__}-index-{count}",
+            )
+            for update_type in (PromptInsertion, PromptReplacement)
+            for count, expected, spans in [
+                (
+                    1,
+                    [-1, IMG, -2, -3],
+                    {"pattern_1": [(0, 1)], "pattern_2": [(2, 1)], "pattern_3": [(3, 1)]},
+                ),
+                (
+                    2,
+                    [-1, -1, IMG, -2, -2, -3, -3],
+                    {
+                        "pattern_1": [(0, 1), (1, 1)],
+                        "pattern_2": [(3, 1), (4, 1)],
+                        "pattern_3": [(5, 1), (6, 1)],
+                    },
+                ),
+            ]
+        ),
+        pytest.param(
+            [IMG] * 3,
+            PromptInsertion,
+            {"image": [IMG]},
+            {"image": lambda i: [-(i + 1)]},
+            2,
+            [IMG, -1, -2, IMG, IMG],
+            {"image": [(1, 1), (2, 1)]},
+            {},
+            id="insert-per-item-content",
+        ),
+        pytest.param(
+            [IMG] * 3,
+            PromptReplacement,
+            {"image": [IMG]},
+            {"image": lambda i: [-(i + 1)]},
+            2,
+            [-1, -2, IMG],
+            {"image": [(0, 1), (1, 1)]},
+            {},
+            id="replace-per-item-content",
+        ),
+        *(
+            pytest.param(
+                [IMG] * 3,
+                update_type,
+                {"image": PromptIndexTargets.prefix([IMG])},
+                {"image": lambda i: [-(i + 1)]},
+                2,
+                [IMG, -1, -2, IMG, IMG],
+                {"image": [(1, 1), (2, 1)]},
+                {},
+                id=f"{update_type.__name__}-prefix-per-item-content",
+            )
+            for update_type in (PromptInsertion, PromptReplacement)
+        ),
+    ],
+)
+def test_ranges_are_recorded_where_contents_go_in(
+    prompt: list[int],
+    update_type: UpdateType,
+    targets: dict[str, Any],
+    contents: dict[str, Any],
+    count: int,
+    expected: list[int],
+    spans: dict[str, list[Span]],
+    unmatched: dict[str, tuple[int, ...]],
+) -> None:
+    updates = [update_type(key, target, contents[key]) for key, target in targets.items()]
+    result = apply_and_find_partial(prompt, updates, {key: count for key in targets})
+    assert result.prompt == expected
+    assert {
+        m: [None if r is None else (r.offset, r.length) for r in ranges]
+        for m, ranges in result.items.items()
+    } == spans
+    assert result.unmatched == unmatched
+    assert not result.already_updated
+    for update in updates:  # every range holds exactly its item's content
+        for item_idx, found in enumerate(result.items[update.modality]):
+            if found is not None:
+                content = update.resolve(item_idx).content.full
+                assert tuple(result.prompt[found.offset : found.offset + found.length]) == content
+
+
+@pytest.mark.parametrize(
+    ("count", "expected", "offsets"),
+    [(1, [5, 7, 7, 7, 7, 9], [2]), (2, [5, 7, *[7] * 6, 9], [2, 5])],
+)
+def test_insertion_that_starts_with_its_target_is_found_where_inserted(
+    count: int, expected: list[int], offsets: list[int]
+) -> None:
+    # A scan of the result would meet [7, 7, 7] at the original target first (offset 1).
+    update = PromptInsertion("image", [7], [7, 7, 7])
+    tokens, ranges = apply_and_find([5, 7, 9], [update], {"image": count})
+    assert tokens == expected
+    assert ranges == {"image": [PlaceholderRange(offset, 3) for offset in offsets]}
+
+
+def test_insertion_after_a_prefix_keeps_its_mask_where_inserted() -> None:
+    content = PromptUpdateDetails.select_token_id([VS, VS, PAD, VE], PAD)
+    update = PromptInsertion("image", PromptIndexTargets.prefix([VS]), content)
+    tokens, ranges = apply_and_find([VS, 1], [update], {"image": 1})
+    assert tokens == [VS, VS, VS, PAD, VE, 1]
+    assert ranges == {"image": [PlaceholderRange(1, 4, (False, False, True, False))]}
+
+
+def test_items_placed_out_of_prompt_order_keep_their_index() -> None:
+    # Phi-3-V style tags in reverse order: item 1's tag comes first in the prompt.
+    update = PromptReplacement("image", lambda i: [-(i + 1)], lambda i: [100 + i] * (i + 2))
+    tokens, ranges = apply_and_find([7, -2, 8, -1, 9], [update], {"image": 2})
+    assert tokens == [7, 101, 101, 101, 8, 100, 100, 9]
+    assert ranges == {"image": [PlaceholderRange(5, 2), PlaceholderRange(1, 3)]}
+
+
 # ----------------------------------------------------------------- reference: vLLM's rounds
 
 
@@ -331,19 +533,28 @@ def naive_match(
     return None
 
 
+class ReferenceResult(NamedTuple):
+    prompt: list[int]
+    spans: dict[str, list[Span]]  # per modality with items, per item
+    unplaced: dict[str, tuple[int, ...]]  # per modality with any
+
+
 def reference_apply(
     prompt: list[int], updates: Sequence[PromptUpdate], counts: dict[str, int]
-) -> tuple[list[int], bool]:
-    """vLLM's rounds, item by item and rescanning each time; also says if every item was placed."""
+) -> ReferenceResult:
+    """vLLM's rounds, item by item and rescanning each time, noting where each content goes."""
     resolved = resolve_prompt_updates(updates, counts)
-    placed = {(m, i) for m, items in resolved.items() for i in range(len(items))}
+    spans: dict[str, list[Span]] = {
+        m: [None] * len(items) for m, items in resolved.items() if items
+    }
+    unplaced = {(m, i) for m, items in resolved.items() for i in range(len(items))}
     out: list[int] = []
     pos = 0
-    while placed:
+    while unplaced:
         mode, hits = None, []
         for rank, (modality, items) in enumerate(resolved.items()):
             for item_idx, alternatives in enumerate(items):
-                if (modality, item_idx) not in placed:
+                if (modality, item_idx) not in unplaced:
                     continue
                 for update in alternatives:
                     span = naive_match(prompt, update.target, pos)
@@ -361,10 +572,13 @@ def reference_apply(
             hits = [h for h in hits if h[0][0] == h[0][1] or h in nonempty]
         for (start, end), _, item_idx, update in hits:
             out += prompt[pos : end if mode is UpdateMode.INSERT else start]
+            if update.content.full:
+                spans[update.modality][item_idx] = (len(out), len(update.content.full))
             out += update.content.full
             pos = max(pos, end)
-            placed.discard((update.modality, item_idx))
-    return out + prompt[pos:], not placed
+            unplaced.discard((update.modality, item_idx))
+    left = {m: tuple(sorted(i for mm, i in unplaced if mm == m)) for m in resolved}
+    return ReferenceResult(out + prompt[pos:], spans, {m: ix for m, ix in left.items() if ix})
 
 
 TOKENS = st.integers(1, 3)
@@ -393,12 +607,46 @@ def test_apply_matches_reference_rounds(
     case: tuple[list[int], list[PromptUpdate], dict[str, int]],
 ) -> None:
     prompt, updates, counts = case
-    expected, all_placed = reference_apply(prompt, updates, counts)
-    if all_placed:
-        assert apply_prompt_updates(prompt, updates, counts) == expected
+    reference = reference_apply(prompt, updates, counts)
+    if not reference.unplaced:
+        assert apply_prompt_updates(prompt, updates, counts) == reference.prompt
     else:
         with pytest.raises(ProcessingError):
             apply_prompt_updates(prompt, updates, counts)
+
+
+def already_updated(
+    prompt: list[int], updates: Sequence[PromptUpdate], counts: dict[str, int]
+) -> bool:
+    """Whether ``prompt`` already holds every item's content (then it is left as it is)."""
+    resolved = resolve_prompt_updates(updates, counts)
+    contents = {m: [[u.content for u in alts] for alts in items] for m, items in resolved.items()}
+    found = find_placeholders(prompt, contents)
+    return all(len(found.get(m, ())) == len(items) for m, items in contents.items())
+
+
+@given(update_cases())
+def test_partial_result_matches_reference_rounds(
+    case: tuple[list[int], list[PromptUpdate], dict[str, int]],
+) -> None:
+    prompt, updates, counts = case
+    result = apply_and_find_partial(prompt, updates, counts)
+    if already_updated(prompt, updates, counts):
+        assert (result.prompt, result.unmatched, result.already_updated) == (prompt, {}, True)
+        assert result.complete
+        return
+    reference = reference_apply(prompt, updates, counts)
+    assert result.prompt == reference.prompt
+    assert result.unmatched == reference.unplaced
+    assert result.unmatched_counts == {m: len(ix) for m, ix in reference.unplaced.items()}
+    assert {
+        m: [None if r is None else (r.offset, r.length) for r in ranges]
+        for m, ranges in result.items.items()
+    } == reference.spans
+    assert result.complete == (not reference.unplaced)  # contents here are never empty
+    if reference.unplaced:
+        with pytest.raises(ProcessingError):  # the raising form refuses what is left out
+            apply_and_find(prompt, updates, counts)
 
 
 # ---------------------------------------------------------------------------- apply_and_find
@@ -474,9 +722,12 @@ def test_negative_count() -> None:
         apply_and_find([1], qwen_updates([]), {"image": -1})
 
 
-def test_content_not_found_after_applying() -> None:
-    update = PromptReplacement("image", [PAD], [])  # an empty content cannot be located
-    with pytest.raises(PromptUpdateError, match=r"image item 0 .* was not found after token 0"):
+def test_empty_content_matches_but_has_no_range() -> None:
+    update = PromptReplacement("image", [PAD], [])  # removes the placeholder: nothing to point at
+    result = apply_and_find_partial([1, PAD], [update], {"image": 1})
+    assert (result.prompt, result.items, result.unmatched) == ([1], {"image": (None,)}, {})
+    assert not result.complete
+    with pytest.raises(PromptUpdateError, match=r"image item 0 matched .* content is empty"):
         apply_and_find([1, PAD], [update], {"image": 1})
 
 
@@ -484,6 +735,70 @@ def test_missing_per_item_target_names_modality_and_item() -> None:
     update = PromptReplacement("image", lambda i: [-(i + 1)], [PAD])
     with pytest.raises(PromptUpdateError, match=r"cannot place image item 1: .*target \[-2\]"):
         apply_and_find([7, -1, 8], [update], {"image": 2})
+
+
+# ------------------------------------------------------------------- apply_and_find_partial
+
+
+def test_partial_applies_what_matches_and_reports_the_rest() -> None:
+    prompt = [1, VS, PAD, VE, VS, VPAD, VE]  # one image placeholder for two images
+    updates = qwen_updates([3, 2], [2])
+    result = apply_and_find_partial(prompt, updates, {"image": 2, "video": 1})
+    assert result == PromptUpdateResult(
+        prompt=[1, VS, PAD, PAD, PAD, VE, VS, VPAD, VPAD, VE],
+        items={"image": (PlaceholderRange(2, 3), None), "video": (PlaceholderRange(7, 2),)},
+        unmatched={"image": (1,)},
+        already_updated=False,
+    )
+    assert result.unmatched_counts == {"image": 1}
+    assert result.placeholders == {
+        "image": [PlaceholderRange(2, 3)],
+        "video": [PlaceholderRange(7, 2)],
+    }
+    assert not result.complete
+    with pytest.raises(ItemCountMismatchError, match=r"2 image item.* 1 image placeholder"):
+        apply_and_find(prompt, updates, {"image": 2, "video": 1})
+
+
+def test_partial_lists_unmatched_modalities_in_priority_order() -> None:
+    updates = [PromptInsertion("video", [VPAD], [-1]), PromptInsertion("image", [PAD], [-2])]
+    result = apply_and_find_partial([1, 2], updates, {"image": 2, "video": 3})
+    assert (result.prompt, result.placeholders) == ([1, 2], {})
+    assert result.unmatched == {"video": (0, 1, 2), "image": (0, 1)}
+    assert list(result.unmatched_counts.items()) == [("video", 3), ("image", 2)]
+    assert list(result.items) == ["video", "image"]
+
+
+def test_partial_keeps_unmatched_indices_of_a_middle_item() -> None:
+    # Per-item tags: item 1's tag is missing, items 0 and 2 are still placed.
+    update = PromptReplacement("image", lambda i: [-(i + 1)], lambda i: [100 + i])
+    result = apply_and_find_partial([-1, 5, -3], [update], {"image": 3})
+    assert result.prompt == [100, 5, 102]
+    assert result.items == {"image": (PlaceholderRange(0, 1), None, PlaceholderRange(2, 1))}
+    assert result.unmatched == {"image": (1,)}
+    with pytest.raises(PromptUpdateError, match=r"cannot place image item 1: .*target \[-2\]"):
+        apply_and_find([-1, 5, -3], [update], {"image": 3})
+
+
+def test_partial_of_a_complete_prompt_agrees_with_apply_and_find() -> None:
+    prompt, updates = [1, VS, PAD, VE, 2, VS, PAD, VE], qwen_updates([3, 1])
+    result = apply_and_find_partial(prompt, updates, {"image": 2})
+    assert result.complete and not result.already_updated and result.unmatched == {}
+    assert (result.prompt, result.placeholders) == apply_and_find(prompt, updates, {"image": 2})
+
+
+def test_partial_leaves_an_updated_prompt_as_it_is() -> None:
+    prompt = [1, VS, PAD, PAD, PAD, VE, 2]
+    result = apply_and_find_partial(prompt, qwen_updates([3]), {"image": 1})
+    assert (result.prompt, result.already_updated, result.complete) == (prompt, True, True)
+    assert result.items == {"image": (PlaceholderRange(2, 3),)}
+
+
+def test_partial_still_rejects_bad_arguments() -> None:
+    with pytest.raises(UnknownModalityError):
+        apply_and_find_partial([1, PAD], qwen_updates([1]), {"audio": 1})
+    with pytest.raises(PromptUpdateError, match="item count of 'image' is -1"):
+        apply_and_find_partial([1], qwen_updates([]), {"image": -1})
 
 
 # -------------------------------------------------------------------------------- complexity

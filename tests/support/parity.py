@@ -1,4 +1,4 @@
-"""Pieces shared by the adapter parity tests (``tests/adapters/test_*_parity.py``).
+"""Pieces shared by the adapter parity tests (``adapter_parity.py``, ``tests/adapters/``).
 
 On ``sys.path`` through pytest's ``pythonpath`` setting (only this folder: the repository root
 stays off the path, so ``kernels/`` can never be imported as a top-level ``kernels``).

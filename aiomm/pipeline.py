@@ -1,0 +1,181 @@
+"""The pipeline: composes the stages for one request (the only module that knows them all).
+
+``load -> hash -> cache (-> transform on a miss)`` runs per item, concurrently for a request's
+items; ``assemble -> output`` runs once per request. Admission happens in the engine, before a
+request enters. Errors are typed and carry the request id (and the item index where one item
+failed); a request's other items are cancelled with it, other requests go on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from aiomm.errors import AiommError, ProcessingError
+from aiomm.item_cache import CacheOutcome
+from aiomm.processing.fields import MultiModalKwargsItem
+from aiomm.stages import (
+    AssembleStage,
+    CacheStage,
+    HashStage,
+    LoadStage,
+    OutputStage,
+    TransformStage,
+)
+from aiomm.stages.load import is_in_memory
+from aiomm.types import Request, Result
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ("Pipeline",)
+
+
+@dataclass
+class _Item:
+    """One item's way through the per-item stages."""
+
+    item: MultiModalKwargsItem | None = None
+    key: str = ""
+    outcome: CacheOutcome = CacheOutcome.UNCACHED
+
+
+class Pipeline:
+    """Runs one request through the stages; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        load: LoadStage,
+        hash: HashStage,
+        cache: CacheStage,
+        transform: TransformStage,
+        assemble: AssembleStage,
+        output: OutputStage,
+    ) -> None:
+        self.load = load
+        self.hash = hash
+        self.cache = cache
+        self.transform = transform
+        self.assemble = assemble
+        self.output = output
+        self.stages = (load, hash, cache, transform, assemble, output)
+
+    async def run(self, rid: str, request: Request, timings: dict[str, float]) -> Result:
+        """Process ``request`` (already admitted).
+
+        :raises AiommError: the first typed error of an item or a stage, with ``rid`` (and the
+            item's index) attached; an unexpected exception becomes a ``ProcessingError``.
+        """
+        try:
+            return await self._run(rid, request, timings)
+        except AiommError as exc:
+            exc.with_context(request_id=rid)
+            raise
+
+    async def _run(self, rid: str, request: Request, timings: dict[str, float]) -> Result:
+        kwargs = dict(request.mm_processor_kwargs or {})
+        self.transform.processor.validate_hf_kwargs(kwargs)
+        prompt_ids = self.assemble.prompt_ids(request)
+        n = len(request.images)
+        hashes: Sequence[str | None] = request.image_hashes or [None] * n
+        items = [_Item() for _ in range(n)]
+        item_timings: list[dict[str, float]] = [{} for _ in range(n)]
+
+        async def one(i: int) -> None:
+            try:
+                await self._load_item(
+                    request.images[i], hashes[i], kwargs, items[i], item_timings[i]
+                )
+            except AiommError as exc:
+                exc.with_context(request_id=rid, item_index=i)
+                raise
+            except Exception as exc:
+                raise ProcessingError(
+                    f"internal error while processing image {i}: {type(exc).__name__}: {exc}"
+                ).with_context(request_id=rid, item_index=i) from exc
+
+        if n == 1:
+            await one(0)  # no task group for the common single-image request
+        elif n:
+            try:
+                async with anyio.create_task_group() as tg:
+                    for i in range(n):
+                        tg.start_soon(one, i)
+            except BaseExceptionGroup as group:
+                raise _first_error(group) from None
+        for item_timing in item_timings:
+            for stage, seconds in item_timing.items():
+                timings[stage] = timings.get(stage, 0.0) + seconds
+
+        t = time.perf_counter()
+        loaded = [it.item for it in items]
+        assert all(item is not None for item in loaded)
+        processed = self.assemble.assemble(prompt_ids, loaded, kwargs)  # type: ignore[arg-type]
+        timings["assemble"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        merged = await self.output.run(processed)
+        timings["device"] = time.perf_counter() - t
+        return Result(
+            request_id=rid,
+            prompt_token_ids=processed.prompt_token_ids,
+            mm_placeholders=processed.mm_placeholders,
+            mm_kwargs=merged,
+            item_hashes=[it.key for it in items],
+            cache=[it.outcome for it in items],
+            timings=timings,
+        )
+
+    async def _load_item(
+        self,
+        source: Any,
+        supplied_hash: str | None,
+        kwargs: Mapping[str, Any],
+        out: _Item,
+        timings: dict[str, float],
+    ) -> None:
+        cache = self.cache
+        if supplied_hash is not None:
+            # A hash given by the client keys the item: a hit skips even the download.
+            out.key = cache.key(supplied_hash, kwargs, supplied=True)
+            hit = cache.lookup(out.key)
+            if hit is not None:
+                out.item, out.outcome = hit, CacheOutcome.HIT
+                return
+
+        t = time.perf_counter()
+        raw = await self.load.load(source)
+        timings["fetch"] = time.perf_counter() - t
+        if supplied_hash is None or is_in_memory(raw):
+            # in-memory images are converted to RGB pixels here (and hashed)
+            t = time.perf_counter()
+            raw, content_hash = await self.hash.hash(raw)
+            timings["hash"] = time.perf_counter() - t
+            if supplied_hash is None:
+                out.key = cache.key(content_hash, kwargs)
+
+        async def compute() -> MultiModalKwargsItem:
+            return await self.transform.compute(raw, kwargs, timings)
+
+        t = time.perf_counter()
+        out.item, out.outcome = await cache.get_or_compute(out.key, compute)
+        timings["cache_and_compute"] = time.perf_counter() - t
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first AiommError of a (nested) group, else its first exception: never a group."""
+    leaves = _leaves(group)
+    return next((e for e in leaves if isinstance(e, AiommError)), leaves[0])
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

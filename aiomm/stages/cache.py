@@ -1,0 +1,68 @@
+"""The cache stage: per-item lookup in the item cache, and single flight for misses.
+
+Input: a content hash (or a client-supplied one) and the request's processor kwargs. Output: the
+item, from the cache or from the computation given (started once per key however many requests
+ask at once). Runs on the event loop; computations run in the engine's task group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiomm.hashing import item_cache_key
+from aiomm.item_cache import CacheOutcome, ItemCache, ItemCacheStatistics
+from aiomm.processing.fields import MultiModalKwargsItem
+
+from ._stage import Stage
+
+__all__ = ("CacheStage",)
+
+
+class CacheStage(Stage):
+    """Keys items by content, adapter and kwargs; looks them up or computes them once.
+
+    With ``enabled=False`` (``cache_capacity_bytes=0``) every item is computed, uncached.
+    """
+
+    name = "cache"
+
+    def __init__(
+        self, cache: ItemCache, *, fingerprint: str, normalize_mode: str, enabled: bool
+    ) -> None:
+        super().__init__(None)
+        self.cache = cache
+        self.enabled = enabled
+        self._fingerprint = fingerprint
+        self._normalize_mode = normalize_mode
+
+    def key(self, content_hash: str, kwargs: Mapping[str, Any], *, supplied: bool = False) -> str:
+        """The cache key of an item; supplied hashes live in a namespace of their own."""
+        return item_cache_key(
+            f"supplied:{content_hash}" if supplied else content_hash,
+            adapter=self._fingerprint,
+            processor_kwargs=kwargs,
+            normalize_mode=self._normalize_mode,
+        )
+
+    def lookup(self, key: str) -> MultiModalKwargsItem | None:
+        """The cached item of ``key`` now, counted as a hit, or None (not counted: the
+        caller goes on to :meth:`get_or_compute`)."""
+        if not self.enabled:
+            return None
+        return self.cache.lookup(key)
+
+    async def get_or_compute(
+        self, key: str, compute: Callable[[], Awaitable[MultiModalKwargsItem]]
+    ) -> tuple[MultiModalKwargsItem, CacheOutcome]:
+        """The item of ``key`` and how it was obtained.
+
+        :raises: whatever ``compute`` raised (failures are not cached).
+        """
+        with self.counted():
+            if not self.enabled:
+                return await compute(), CacheOutcome.UNCACHED
+            return await self.cache.get_or_compute(key, compute)
+
+    def cache_statistics(self) -> ItemCacheStatistics:
+        return self.cache.statistics()

@@ -1,0 +1,133 @@
+"""The transform stage: one item's encoded bytes (or RGB array) -> its processed item.
+
+Input: what the hash stage returned and the request's processor kwargs. Output: a
+:class:`~aiomm.processing.fields.MultiModalKwargsItem` (uint8 rows when the device normalises).
+The header is probed first and the decoded size admitted against the byte budget, so a few huge
+images cannot exhaust memory before anything pushes back; decode, resize and patchify then run in
+one worker thread, bounded by ``transform_threads``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import anyio.to_thread
+import numpy as np
+import torch
+
+from aiomm.admission import ByteBudget
+from aiomm.config import DecodeConfig
+from aiomm.decode import decode_image, probe_image_size
+from aiomm.processing.fields import MultiModalKwargsItem
+from aiomm.processing.processor import BaseMultiModalProcessor
+
+from ._stage import Stage
+
+__all__ = ("Decoder", "PillowDecoder", "TransformStage")
+
+
+class Decoder(Protocol):
+    """What the transform stage needs of a decoder (thread-safe; called in worker threads)."""
+
+    def probe(self, data: bytes) -> tuple[int, int]:
+        """``(width, height)`` from the header, without decoding pixels."""
+        ...
+
+    def decode(self, data: bytes) -> np.ndarray:
+        """An ``H x W x 3`` uint8 array."""
+        ...
+
+
+class PillowDecoder:
+    """The default decoder: Pillow, with the limits of a :class:`DecodeConfig`."""
+
+    def __init__(self, config: DecodeConfig) -> None:
+        self.config = config
+
+    def probe(self, data: bytes) -> tuple[int, int]:
+        """:raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image_size`."""
+        return probe_image_size(data, self.config.max_pixels)
+
+    def decode(self, data: bytes) -> np.ndarray:
+        """:raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.decode_image`."""
+        return decode_image(data, max_pixels=self.config.max_pixels)
+
+
+class TransformStage(Stage):
+    """Decodes and transforms items in worker threads, admitting decoded bytes first."""
+
+    name = "transform"
+
+    def __init__(
+        self,
+        processor: BaseMultiModalProcessor,
+        decoder: Decoder,
+        *,
+        threads: int,
+        budget: ByteBudget,
+    ) -> None:
+        super().__init__(threads)
+        self.processor = processor
+        self.decoder = decoder
+        self.budget = budget
+        self._local = threading.local()
+
+    async def compute(
+        self, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
+    ) -> MultiModalKwargsItem:
+        """The processed item of ``raw`` (encoded bytes, or an RGB array).
+
+        :raises DecodeError, ImageTooLargeError: the image cannot be decoded within the limits.
+        :raises ProcessingError: the transform failed.
+        """
+        with self.counted():
+            load: Callable[[], Any]
+            if isinstance(raw, (bytes, bytearray, memoryview)):
+                data = bytes(raw)
+                width, height = await anyio.to_thread.run_sync(
+                    self.decoder.probe, data, limiter=self.limiter
+                )
+
+                def load() -> np.ndarray:
+                    return self.decoder.decode(data)
+            else:  # already an RGB array (converted by the hash stage)
+                height, width = raw.shape[0], raw.shape[1]
+
+                def load() -> np.ndarray:
+                    return raw
+
+            nbytes = int(width) * int(height) * 3
+            await self.budget.acquire(nbytes)
+            try:
+                t = time.perf_counter()
+                item = await anyio.to_thread.run_sync(
+                    self._transform, load, dict(kwargs), limiter=self.limiter
+                )
+                timings["decode_transform"] = time.perf_counter() - t
+            finally:
+                self.budget.release(nbytes)
+            return item
+
+    def _transform(self, load: Callable[[], Any], kwargs: dict[str, Any]) -> MultiModalKwargsItem:
+        """Worker thread: decode and transform one image."""
+        image = load()
+        processor = self._thread_processor()
+        out = processor.process_items({"image": [image]}, kwargs, validated=True)
+        device = processor.resize_device
+        if device is not None and device.type == "cuda":
+            # Items made on the device are cached and read from other streams: complete them first.
+            torch.cuda.current_stream(device).synchronize()
+        return out["image"][0]
+
+    def _thread_processor(self) -> BaseMultiModalProcessor:
+        # HF fast tokenizers are not thread-safe, so the hf path gets a processor per thread; the
+        # native transform only reads the processor's parameters and is shared.
+        if self.processor.transform == "native":
+            return self.processor
+        proc = getattr(self._local, "processor", None)
+        if proc is None:
+            proc = self._local.processor = self.processor.clone()
+        return proc

@@ -1,0 +1,97 @@
+"""The adapter registry: discovery, order, lookups, and bad registrations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from aiomm.adapters import get_adapter_info, supported_adapters
+from aiomm.adapters.qwen_vl import QWEN3, QwenVLProcessor
+from aiomm.adapters.registry import Architecture, register
+from aiomm.errors import ConfigError, UnknownArchitectureError
+
+#: every supported short name and its architecture (README's table)
+EXPECTED = {
+    "qwen2-vl": "Qwen2VLForConditionalGeneration",
+    "qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3-vl": "Qwen3VLForConditionalGeneration",
+    "qwen3-vl-moe": "Qwen3VLMoeForConditionalGeneration",
+    "qwen3.5": "Qwen3_5ForConditionalGeneration",
+    "qwen3.5-moe": "Qwen3_5MoeForConditionalGeneration",
+    "qwen4-exp": "Qwen4ExpForConditionalGeneration",
+    "glm-4v": "Glm4vForConditionalGeneration",
+    "glm-5-next": "Glm5NextForConditionalGeneration",
+    "glm-ocr": "GlmOcrForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
+    "intern-s1-pro": "InternS1ProForConditionalGeneration",
+    "intern-s2-mobius": "InternS2MobiusForConditionalGeneration",
+    "llama-nemotron-vl-embed": "LlamaNemotronVLForEmbedding",
+    "llama-nemotron-vl-rerank": "LlamaNemotronVLForSequenceClassification",
+    "chameleon": "ChameleonForConditionalGeneration",
+}
+
+
+def test_every_builtin_module_is_discovered_and_both_names_resolve() -> None:
+    infos = supported_adapters()
+    assert {i.short_name: i.architecture for i in infos} == EXPECTED
+    for info in infos:
+        assert get_adapter_info(info.short_name) is info
+        assert get_adapter_info(info.architecture) is info
+        assert info.build_hf_processor is not None and info.example_models
+
+
+def test_order_is_by_module_then_registration() -> None:
+    modules = [i.processor_cls.__module__ for i in supported_adapters()]
+    assert modules == sorted(modules)
+    names = [i.short_name for i in supported_adapters()]
+    # registration order within a module: the Qwen rows as written, the Intern-S rows last
+    qwen = [n for n in names if get_adapter_info(n).processor_cls is QwenVLProcessor]
+    assert qwen == [*list(EXPECTED)[:7], "intern-s1-pro", "intern-s2-mobius"]
+    assert supported_adapters() == supported_adapters()
+
+
+def test_device_normalize_defaults() -> None:
+    defaults = {i.short_name: i.mm_device_do_normalize for i in supported_adapters()}
+    assert defaults.pop("chameleon") is False
+    assert all(defaults.values())
+
+
+def test_unknown_names_list_the_supported_ones() -> None:
+    for name in ("InternS1ForConditionalGeneration", "LlamaNemotronVLForCausalLM", "qwen5"):
+        with pytest.raises(UnknownArchitectureError) as info:
+            get_adapter_info(name)
+        assert name in str(info.value) and "InternS1ProForConditionalGeneration" in str(info.value)
+
+
+@pytest.mark.parametrize("taken", ["qwen2-vl", "Glm4vForConditionalGeneration"])
+def test_a_taken_name_is_refused_and_nothing_is_registered(taken: str) -> None:
+    before = supported_adapters()
+
+    def build(**_: Any) -> Any:
+        raise AssertionError("never built")
+
+    class Clash(QwenVLProcessor):
+        pass
+
+    decorate = register(
+        Architecture("fresh-vl", "FreshVLForConditionalGeneration", build),
+        Architecture(taken, f"{taken}-arch", build)
+        if not taken[0].isupper()
+        else Architecture("fresh-2", taken, build),
+    )
+    with pytest.raises(ConfigError, match=f"{taken!r} is registered twice"):
+        decorate(Clash)
+    assert supported_adapters() == before
+    with pytest.raises(UnknownArchitectureError):
+        get_adapter_info("fresh-vl")
+
+
+def test_a_row_naming_itself_twice_is_refused() -> None:
+    with pytest.raises(ConfigError, match="registered twice"):
+        register(
+            Architecture("twin", "TwinForCausalLM", QWEN3),
+            Architecture("TwinForCausalLM", "Twin2ForCausalLM", QWEN3),
+        )(QwenVLProcessor)
+    with pytest.raises(UnknownArchitectureError):
+        get_adapter_info("twin")

@@ -1,0 +1,135 @@
+"""Every registered architecture through the Engine, on both HF backends.
+
+The fast path (the defaults: native transform, uint8 items, normalised by the device stage) must
+equal the reference path (``transform="hf"``, ``mm_device_do_normalize=False``: the HF processor's
+own CPU-normalised output) in token ids, placeholder ranges and every tensor, on a miss, a hit and
+a request mixing cached and uncached images; and cached output must equal uncached output on
+seeded random requests at several hit rates (the idea of vLLM's
+``tests/models/multimodal/processing/test_common.py``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from parity import SEED, hf_processor, rel_err
+
+from aiomm.adapters import build_processor, supported_adapters
+from aiomm.config import EngineConfig, MultiModalConfig
+from aiomm.engine import Engine
+from aiomm.item_cache import CacheOutcome
+from aiomm.samples import encode, photo_like
+from aiomm.types import Request, Result
+
+ADAPTERS = [info.short_name for info in supported_adapters()]
+BACKENDS = ("torchvision", "pil")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _images(rng: random.Random, count: int) -> list[bytes]:
+    """Small encoded photos (JPEG and PNG, odd sizes): the engine's decode path runs too."""
+    out = []
+    for _ in range(count):
+        h, w = rng.randint(30, 150), rng.randint(30, 150)
+        image = photo_like(np.random.default_rng(rng.randrange(2**32)), h, w)
+        out.append(encode(image, rng.choice(("JPEG", "PNG"))))
+    return out
+
+
+def _engine(name: str, backend: str, *, reference: bool, cache: bool = True) -> Engine:
+    info = next(i for i in supported_adapters() if i.short_name == name)
+    processing = MultiModalConfig()
+    if reference:
+        # The HF processor's own output; an adapter without an HF transform (Nemotron: its
+        # reference is a re-statement) runs its native transform with CPU normalisation.
+        transform = "hf" if getattr(info.processor_cls, "has_hf_transform", True) else "native"
+        processing = MultiModalConfig(transform=transform, mm_device_do_normalize=False)
+    config = EngineConfig(
+        device="cpu",
+        visual_dtype="float32",
+        transform_threads=2,
+        cache_capacity_bytes=(64 << 20) if cache else 0,
+        processing=processing,
+    )
+    return Engine(build_processor(name, hf_processor(name, backend), config=processing), config)
+
+
+def _prompt(engine: Engine, n: int) -> str:
+    placeholder = engine.processor.dummy_inputs.get_dummy_text({"image": 1})
+    return " ".join(["describe", *[f"the {placeholder}"] * n, "please"])
+
+
+def assert_same(name: str, got: Result, want: Result) -> None:
+    assert got.ok, got.error
+    assert want.ok, want.error
+    assert got.prompt_token_ids == want.prompt_token_ids, name
+    assert got.mm_placeholders == want.mm_placeholders, name
+    assert set(got.mm_kwargs) == set(want.mm_kwargs), name
+    for key, value in want.mm_kwargs.items():
+        other = got.mm_kwargs[key]
+        if not isinstance(value, torch.Tensor):
+            assert other == value, f"{name}: {key}"
+            continue
+        assert other.shape == value.shape and other.dtype == value.dtype, f"{name}: {key}"
+        if value.is_floating_point():
+            err = rel_err(other, value)
+            assert err <= 1e-6, f"{name}: {key} rel. err {err:.3g} (seed {SEED})"
+        else:
+            assert torch.equal(other, value), f"{name}: {key} (seed {SEED})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ADAPTERS)
+async def test_fast_path_equals_reference_path(name: str, backend: str) -> None:
+    rng = random.Random(f"{SEED}-{name}-{backend}")
+    a, b, c = _images(rng, 3)
+    async with (
+        _engine(name, backend, reference=False) as fast,
+        _engine(name, backend, reference=True) as ref,
+    ):
+        first = Request(prompt=_prompt(fast, 2), images=[a, b])
+        mixed = Request(prompt=_prompt(fast, 2), images=[b, c])
+        for request, outcome in (
+            (first, [CacheOutcome.MISS] * 2),
+            (first, [CacheOutcome.HIT] * 2),
+            (mixed, [CacheOutcome.HIT, CacheOutcome.MISS]),
+        ):
+            got, want = await fast.process(request), await ref.process(request)
+            assert got.cache == outcome == want.cache
+            assert_same(f"{name}/{backend}", got, want)
+
+
+@pytest.mark.parametrize("hit_rate", [0.3, 0.5, 1.0])
+@pytest.mark.parametrize("name", ADAPTERS)
+async def test_cached_equals_uncached(name: str, hit_rate: float) -> None:
+    rng = random.Random(f"{SEED}-{name}-{hit_rate}")
+    backend = rng.choice(BACKENDS)
+    pool = _images(rng, 3)
+    seen: list[bytes] = []
+    async with (
+        _engine(name, backend, reference=False) as cached,
+        _engine(name, backend, reference=False, cache=False) as uncached,
+    ):
+        for _ in range(4):
+            images: list[Any] = []
+            for _ in range(rng.randint(1, 3)):
+                if seen and rng.random() < hit_rate:
+                    images.append(rng.choice(seen))
+                else:
+                    images.append(pool.pop() if pool else _images(rng, 1)[0])
+                    seen.append(images[-1])
+            request = Request(prompt=_prompt(cached, len(images)), images=images)
+            got, want = await cached.process(request), await uncached.process(request)
+            assert want.cache == [CacheOutcome.UNCACHED] * len(images)
+            assert_same(f"{name}/{backend} hit rate {hit_rate}", got, want)
+        stats = cached.stats().cache
+        if hit_rate == 1.0:
+            assert stats.hits + stats.joins > 0

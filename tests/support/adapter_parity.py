@@ -1,0 +1,313 @@
+"""The parity harness: every registered adapter against its reference, on both HF backends.
+
+Driven by the registry: :func:`cases` lists every ``(short name, backend)`` of
+:func:`~aiomm.adapters.supported_adapters`, and :func:`check_case` runs one seeded case. The only
+per-architecture data is a :class:`Family` per processor class (how to draw images for it and
+how to call its reference), so a new row of an existing family is tested with no new code, and a
+new processor class without a :class:`Family` fails ``tests/adapters/test_parity.py``.
+
+A case draws fresh random images (the seed is in every failure message; ``AIOMM_TEST_SEED``
+replays it) and checks, for each of our transforms (``hf`` where the adapter has an HF transform,
+and ``native``):
+
+- token ids equal the reference's ``input_ids``; placeholder ranges (one per image) cover exactly
+  the reference's image tokens, and their embedding positions exactly its embedding tokens;
+- per-image metadata (grids, image sizes, tile counts) equals the reference's;
+- uint8 ``pixel_values`` equal the reference's output with rescale/normalise off, bit for bit;
+- normalised by ``FusedMMInputNorm`` they equal the reference's float output to a norm-wise
+  relative error under 1e-6;
+- with ``classic=True``, also the classic CPU path (``mm_device_do_normalize=False``): float
+  ``pixel_values`` equal to the reference's float output exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nemotron_vl_reference as nemotron
+import numpy as np
+import parity
+import torch
+from parity import SEED, hf_processor, rel_err
+
+from aiomm.adapters import AdapterInfo, build_processor, get_adapter_info, supported_adapters
+from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
+from aiomm.adapters.glm import GlmVMultiModalProcessor
+from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
+from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
+from aiomm.adapters.qwen_vl import QwenVLProcessor
+from aiomm.processing.processor import MultiModalConfig
+from aiomm.samples import photo_like
+
+__all__ = ("FAMILIES", "Family", "Reference", "cases", "check_case", "family_of", "prompt_text")
+
+BACKENDS = ("torchvision", "pil")
+#: the relative error allowed between device-normalised uint8 pixels and the reference's floats
+NORMALISED_REL_ERR = 1e-6
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the reference produced for one prompt, in the terms the harness compares."""
+
+    input_ids: list[int]
+    #: uint8 pixels (rescale/normalise off), in the reference's dtype
+    pixel_values_u8: torch.Tensor
+    #: the float model input
+    pixel_values: torch.Tensor
+    #: per-image metadata our merged output must equal (grids, sizes, tile counts)
+    fields: dict[str, torch.Tensor]
+    #: the tokens the placeholder ranges cover, and those of them that take embeddings
+    range_tokens: frozenset[int]
+    embed_token: int
+
+
+#: ``reference(reference_processor, text, images, kwargs) -> Reference``
+ReferenceFn = Callable[[Any, str, list[Any], dict[str, Any]], Reference]
+
+
+@dataclass(frozen=True)
+class Family:
+    """How the harness draws images for one processor class and calls its reference."""
+
+    reference: ReferenceFn
+    #: the channel layout of its uint8 ``pixel_values`` on the device
+    layout: str
+    sizes: tuple[tuple[int, int], ...]
+    large_sizes: tuple[tuple[int, int], ...]
+    #: drawn sizes above this aspect ratio become square (processors that reject them)
+    max_aspect: float | None = None
+    random_side: int = 900
+    backends: tuple[str, ...] = BACKENDS
+    #: the float values compared after normalising (default: all of them)
+    inside: Callable[[torch.Tensor, Reference], torch.Tensor] | None = None
+    #: the words around the prompt's placeholders (the offline tokenizers know them)
+    placeholder_words: tuple[str, str] = ("user", "assistant")
+
+
+def _hf_reference(
+    fields: Sequence[str],
+    range_tokens: Callable[[Any], Sequence[int]],
+    embed_token: Callable[[Any], int] = lambda proc: int(proc.image_token_id),
+    **call_kwargs: Any,
+) -> ReferenceFn:
+    """The reference of an adapter that reproduces an HF processor: that processor, called."""
+
+    def reference(proc: Any, text: str, images: list[Any], kwargs: dict[str, Any]) -> Reference:
+        def call(**extra: Any) -> Any:
+            return proc(
+                text=[text], images=images, return_tensors="pt", **call_kwargs, **kwargs, **extra
+            )
+
+        u8 = call(do_rescale=False, do_normalize=False)
+        return Reference(
+            input_ids=u8["input_ids"][0].tolist(),
+            pixel_values_u8=u8["pixel_values"],
+            pixel_values=call()["pixel_values"],
+            fields={key: u8[key] for key in fields},
+            range_tokens=frozenset(int(t) for t in range_tokens(proc)),
+            embed_token=embed_token(proc),
+        )
+
+    return reference
+
+
+def _nemotron_reference(
+    params: Any, text: str, images: list[Any], kwargs: dict[str, Any]
+) -> Reference:
+    assert not kwargs, "the restated reference takes tile kwargs directly"
+    ref = nemotron.reference_outputs(images)
+    tok = params.tokenizer
+    start, end, context = tok.convert_tokens_to_ids(["<img>", "</img>", "<IMG_CONTEXT>"])
+    return Reference(
+        input_ids=tok(nemotron.reference_prompt(text, ref["num_patches"]))["input_ids"],
+        pixel_values_u8=ref["uint8"],
+        pixel_values=ref["float"],
+        fields={"image_num_patches": torch.tensor(ref["num_patches"])},
+        range_tokens=frozenset((start, end, context)),
+        embed_token=context,
+    )
+
+
+def _inside_images(values: torch.Tensor, ref: Reference) -> torch.Tensor:
+    """Each image's own ``image_sizes`` corner of a padded batch, flattened: the padding is 0.0
+    in HF's float batch and ``-mean / std`` in ours, and the model crops it away."""
+    sizes = ref.fields["image_sizes"].tolist()
+    return torch.cat([values[i, :, :h, :w].flatten() for i, (h, w) in enumerate(sizes)])
+
+
+_SMALL = ((1, 1), (3, 5), (28, 28), (57, 33), (1, 150), (150, 1), (199, 3), (240, 320),
+          (333, 500), (480, 640), (700, 20))  # fmt: skip
+_LARGE = ((1080, 1920), (1536, 2048))
+# Every image is resized to a 512 shortest edge before the crop, so thin images become very
+# large: moderate aspect ratios only.
+_CHAMELEON_SIZES = ((1, 1), (3, 5), (28, 28), (57, 33), (240, 320), (333, 500), (480, 640),
+                    (512, 512), (513, 700), (700, 200), (90, 300))  # fmt: skip
+
+#: per processor class (an adapter's class or its nearest registered base)
+FAMILIES: dict[type, Family] = {
+    QwenVLProcessor: Family(
+        reference=_hf_reference(["image_grid_thw"], lambda p: [p.image_token_id]),
+        layout="PATCHES",
+        sizes=(*_SMALL, (32, 32), (90, 610)),
+        large_sizes=_LARGE,
+        max_aspect=200,  # smart_resize rejects aspect ratios above 200
+    ),
+    GlmVMultiModalProcessor: Family(  # GLM-4V, GLM-OCR and GLM-5-Next
+        # mm_token_type_ids (not compared) would make numpy warn about torch's __array__
+        reference=_hf_reference(
+            ["image_grid_thw"], lambda p: [p.image_token_id], return_mm_token_type_ids=False
+        ),
+        layout="PATCHES",
+        sizes=(*_SMALL, (27, 29)),
+        large_sizes=_LARGE,
+        max_aspect=150,  # above 200 is rejected, after scaling thin images up
+    ),
+    Mistral3MultiModalProcessor: Family(
+        reference=_hf_reference(
+            ["image_sizes"],
+            lambda p: [p.image_token_id, p.image_break_token_id, p.image_end_token_id],
+        ),
+        layout="NCHW",
+        sizes=(*_SMALL, (29, 27), (56, 1000)),
+        large_sizes=(*_LARGE, (1600, 900)),
+        inside=_inside_images,
+    ),
+    ChameleonMultiModalProcessor: Family(
+        reference=_hf_reference(
+            [], lambda p: [p.image_start_token_id, p.image_token_id, p.image_end_token_id]
+        ),
+        layout="NCHW",
+        sizes=_CHAMELEON_SIZES,
+        large_sizes=_LARGE,
+        max_aspect=4,
+    ),
+    LlamaNemotronVLProcessor: Family(
+        reference=_nemotron_reference,
+        layout="NCHW",
+        sizes=(*_SMALL, (512, 512), (512, 1536), (1024, 512), (90, 610)),
+        large_sizes=(*_LARGE, (2339, 1654)),
+        random_side=1400,
+        backends=("pil",),  # no HF processor: one (PIL) transform
+    ),
+}
+
+
+def family_of(info: AdapterInfo) -> Family:
+    """The :class:`Family` of an adapter's processor class (looked up along its MRO).
+
+    :raises LookupError: for a processor class no family covers.
+    """
+    for cls in info.processor_cls.__mro__:
+        if cls in FAMILIES:
+            return FAMILIES[cls]
+    raise LookupError(
+        f"{info.processor_cls.__qualname__} ({info.short_name}) has no Family in "
+        "tests/support/adapter_parity.py: add how to draw images for it and call its reference"
+    )
+
+
+def cases() -> Iterator[tuple[str, str]]:
+    """``(short name, backend)`` of every registered adapter, in registry order."""
+    for info in supported_adapters():
+        for backend in family_of(info).backends:
+            yield info.short_name, backend
+
+
+def prompt_text(name: str, n_images: int) -> str:
+    """A one-turn prompt with ``n_images`` of the adapter's placeholders between words."""
+    info = get_adapter_info(name)
+    placeholder = info.processor_cls.dummy_inputs.placeholders["image"]
+    start, end = family_of(info).placeholder_words
+    return parity.prompt_text(n_images, placeholder, start=start, end=end)
+
+
+def _modes(info: AdapterInfo) -> tuple[str, ...]:
+    has_hf = getattr(info.processor_cls, "has_hf_transform", True)
+    return ("hf", "native") if has_hf else ("native",)
+
+
+def check_case(
+    name: str,
+    backend: str,
+    n_images: int,
+    case_seed: int,
+    *,
+    large: bool = False,
+    sizes: Sequence[tuple[int, int]] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    classic: bool = False,
+) -> None:
+    """One seeded case of adapter ``name`` on ``backend`` (see the module docstring)."""
+    info = get_adapter_info(name)
+    fam = family_of(info)
+    kwargs = kwargs or {}
+    rng = random.Random(case_seed)
+    nrng = np.random.default_rng(case_seed)
+    if sizes is None:
+        pool = fam.sizes + (fam.large_sizes if large else ())
+        sizes = parity.draw_sizes(
+            rng, n_images, pool, random_side=fam.random_side, max_aspect=fam.max_aspect
+        )
+    images = [photo_like(nrng, h, w) for h, w in sizes]
+    ctx = f"[{name}/{backend} seed={case_seed} (run seed {SEED}) sizes={sizes} kwargs={kwargs}]"
+
+    proc = hf_processor(name, backend)
+    text = prompt_text(name, len(images))
+    ref = fam.reference(proc, text, images, kwargs)
+    prompt_ids = proc.tokenizer(text)["input_ids"]
+    expected_ranges = [i for i, t in enumerate(ref.input_ids) if t in ref.range_tokens]
+    expected_embeds = [i for i, t in enumerate(ref.input_ids) if t == ref.embed_token]
+
+    for mode in _modes(info):
+        config = MultiModalConfig(transform=mode, mm_device_do_normalize=True)
+        out = build_processor(name, proc, config=config).apply(
+            prompt_ids, {"image": images}, kwargs
+        )
+        where = f"{ctx} {mode}"
+        assert out.prompt_token_ids == ref.input_ids, f"{where}: token ids differ"
+        merged = out.merged_kwargs()
+        for key, value in ref.fields.items():
+            assert torch.equal(merged[key], value), f"{where}: {key} {merged[key]} vs {value}"
+
+        ranges = out.mm_placeholders["image"]
+        assert len(ranges) == len(images), f"{where}: {len(ranges)} ranges"
+        covered = [r.offset + j for r in ranges for j in range(r.length)]
+        embeds = [
+            r.offset + j
+            for r in ranges
+            for j in range(r.length)
+            if r.is_embed is None or r.is_embed[j]
+        ]
+        assert covered == expected_ranges, f"{where}: placeholder ranges"
+        assert embeds == expected_embeds, f"{where}: embedding positions"
+
+        pv = merged["pixel_values"]
+        ref_pv = ref.pixel_values_u8
+        assert pv.dtype == torch.uint8, f"{where}: {pv.dtype}"
+        assert pv.shape == ref_pv.shape, f"{where}: {tuple(pv.shape)} vs {tuple(ref_pv.shape)}"
+        # uint8 -> the reference's dtype is exact (0..255 are exact in every float dtype)
+        assert torch.equal(pv.to(ref_pv.dtype), ref_pv), f"{where}: uint8 pixel_values differ"
+
+        norm = out.normalization
+        assert norm is not None and norm.layout.name == fam.layout, f"{where}: {norm}"
+        normalised = norm.module().forward_native(pv, torch.float32, layout=norm.layout)
+        ours_f, ref_f = normalised, ref.pixel_values
+        if fam.inside is not None:
+            ours_f, ref_f = fam.inside(ours_f, ref), fam.inside(ref_f, ref)
+        err = rel_err(ours_f, ref_f)
+        assert err < NORMALISED_REL_ERR, f"{where}: normalised rel err {err:.3g}"
+
+        if classic:
+            config = MultiModalConfig(transform=mode, mm_device_do_normalize=False)
+            out = build_processor(name, proc, config=config).apply(
+                prompt_ids, {"image": images}, kwargs
+            )
+            assert out.normalization is None, where
+            assert out.prompt_token_ids == ref.input_ids, f"{where} classic: token ids differ"
+            pv = out.merged_kwargs()["pixel_values"]
+            assert pv.dtype == torch.float32, f"{where} classic: {pv.dtype}"
+            assert torch.equal(pv, ref.pixel_values), f"{where} classic: float pixels differ"
