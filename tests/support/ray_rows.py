@@ -23,7 +23,9 @@ PH = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 @contextlib.contextmanager
-def ray_started_away_from_the_checkout(start: Callable[[], Any]) -> Iterator[Any]:
+def ray_started_away_from_the_checkout(
+    start: Callable[[], Any], stop: Callable[[], Any] = ray.shutdown
+) -> Iterator[Any]:
     """``start()`` (``ray.init`` or a cluster) run from an empty directory, kept until the block
     ends: the driver's working directory goes on every worker's ``sys.path`` (where the
     checkout's top-level ``kernels/`` would shadow the Hugging Face ``kernels`` package), and
@@ -38,7 +40,7 @@ def ray_started_away_from_the_checkout(start: Callable[[], Any]) -> Iterator[Any
         try:
             yield started
         finally:
-            ray.shutdown()
+            stop()
 
 
 def prompt(n: int) -> str:
