@@ -21,7 +21,7 @@ from ray_rows import (
 )
 
 from aiomm.config import EngineConfig
-from aiomm.integrations.ray import ImagePreprocessor, TorchCollate
+from aiomm.integrations.ray import ImagePreprocessor, TorchCollate, _actor_config
 from aiomm.types import Request
 
 CONFIG = EngineConfig(device="cpu", transform_threads=1)
@@ -113,3 +113,8 @@ def test_read_images_normalised_with_a_fixed_prompt(local_ray: None, tmp_path: P
     for row, result in zip(got, want, strict=True):
         assert row["pixel_values"].dtype == np.float32  # bfloat16, widened exactly
         assert_row_equals(row, result)
+
+
+def test_an_actor_engine_gets_one_transform_thread_per_cpu(local_ray: None) -> None:
+    assert ray.get(ray.remote(num_cpus=2)(_actor_config).remote()).transform_threads == 2
+    assert ray.get(ray.remote(num_cpus=1)(_actor_config).remote()).transform_threads == 1
