@@ -72,6 +72,7 @@ class ImagePreprocessor:
     architecture or short name, or a local model folder (as :meth:`Engine.from_pretrained`).
 
     :raises UnknownArchitectureError: ``model`` has no adapter.
+    :raises ProcessorKwargsError: ``mm_processor_kwargs`` the processor does not take.
     :raises ConfigError: a batch lacks the image column, has no prompt source, or lacks a
         ``keep_columns`` column (a job-level mistake: the job stops).
     """
@@ -90,6 +91,12 @@ class ImagePreprocessor:
         keep_columns: Sequence[str] = (),
         backend: str = "torchvision",
     ) -> None:
+        # set first: __del__ runs even when construction fails below
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self._host: asyncio.Task[None] | None = None
+        self._open_error: BaseException | None = None
         self.config = config or _actor_config()
         self.normalize = normalize
         self.image_column = image_column
@@ -100,28 +107,23 @@ class ImagePreprocessor:
         self.keep_columns = tuple(keep_columns)
         self.engine = Engine.from_pretrained(model, self.config, backend=backend)
         self._tensor_columns = self._probe()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready: asyncio.Event | None = None
-        self._stop: asyncio.Event | None = None
-        self._host: asyncio.Task[None] | None = None
-        self._open_error: BaseException | None = None
 
     def _probe(self) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
-        """Each tensor column's dtype and trailing shape: an all-failed batch has the schema of
-        a good one, so its blocks concatenate and write to one parquet schema."""
-        processor = self.engine.processor
-        items = processor.process_items({"image": [_PROBE]}, self.mm_processor_kwargs)
-        merged = merge_items(items["image"])
-        pixels = merged["pixel_values"]
-        if self.normalize:
-            pixels = torch.empty(0, dtype=getattr(torch, self.config.visual_dtype))
-        columns = {
-            "pixel_values": (_numpy_dtype(pixels.dtype), tuple(merged["pixel_values"].shape))
-        }
-        for key, value in merged.items():
-            if key != "pixel_values" and isinstance(value, torch.Tensor):
-                columns[key] = (_numpy_dtype(value.dtype), tuple(value.shape))
-        return {k: (dtype, (0, *shape[1:])) for k, (dtype, shape) in columns.items()}
+        """Each tensor column's dtype and empty shape, from one tiny image: an all-failed batch
+        gets the schema of a good one, so blocks concatenate and write to one parquet schema.
+
+        :raises ProcessorKwargsError: ``mm_processor_kwargs`` the processor does not take.
+        """
+        items = self.engine.processor.process_items({"image": [_PROBE]}, self.mm_processor_kwargs)
+        columns = {}
+        for key, value in merge_items(items["image"]).items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            dtype = value.dtype
+            if key == "pixel_values" and self.normalize:
+                dtype = getattr(torch, self.config.visual_dtype)
+            columns[key] = (_numpy_dtype(dtype), (0, *value.shape[1:]))
+        return columns
 
     # ------------------------------------------------------------------ engine lifecycle
 
@@ -164,6 +166,12 @@ class ImagePreprocessor:
             except RuntimeError:  # the loop closed in between: nothing left to stop
                 pass
 
+    async def aclose(self) -> None:
+        """Close the engine and wait for it, from the event loop that runs the batches."""
+        self.close()
+        if self._host is not None:
+            await self._host
+
     def __del__(self) -> None:
         self.close()
 
@@ -173,6 +181,7 @@ class ImagePreprocessor:
         """Preprocess one batch (a dict of NumPy arrays, a pandas DataFrame or an Arrow table).
 
         :raises ConfigError: the batch lacks a configured column (see the class docstring).
+        :raises EngineClosedError: called from another event loop than the first batch's.
         """
         columns = _columns(batch)
         self._check_columns(columns)
