@@ -155,6 +155,8 @@ class ImagePreprocessor:
             self._open_error = exc
             raise
         finally:
+            if self._open_error is None:
+                self._open_error = EngineClosedError("this ImagePreprocessor has been closed")
             self._ready.set()
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import torch
 from ray_rows import engine_results, png, prompt, token_ids
 
 from aiomm.config import EngineConfig
-from aiomm.errors import ConfigError, ProcessorKwargsError
+from aiomm.errors import ConfigError, EngineClosedError, ProcessorKwargsError
 from aiomm.integrations.ray import ImagePreprocessor
 from aiomm.types import Request
 
@@ -53,6 +53,8 @@ def test_formats_row_errors_and_a_fixed_schema() -> None:
                 await pre({"id": np.arange(1), "prompt": _objects([prompt(1)])})
         finally:
             await pre.aclose()
+        with pytest.raises(EngineClosedError):
+            await pre(batch)
         return table, from_pandas, empty
 
     table, from_pandas, empty = anyio.run(main)
