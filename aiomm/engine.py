@@ -262,24 +262,29 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
 
-    async def process(self, request: Request) -> Result:
+    async def process(self, request: Request, *, device: bool = True) -> Result:
         """Process one request.
+
+        ``device=False`` skips the device stage: ``mm_kwargs`` stay on the CPU as the transform
+        made them (``pixel_values`` uint8 and not normalised when the adapter normalises on the
+        device, merged in the model's layout), for callers that store or ship the rows.
 
         :raises AiommError: the typed error of the first item or stage that failed, carrying
             the request id (and the item index where one item failed).
         :raises EngineClosedError: if the engine is not open.
         """
-        return await self._process_request(request.request_id or uuid.uuid4().hex[:12], request)
+        rid = request.request_id or uuid.uuid4().hex[:12]
+        return await self._process_request(rid, request, device)
 
-    async def process_safe(self, request: Request) -> Result:
+    async def process_safe(self, request: Request, *, device: bool = True) -> Result:
         """Like :meth:`process`, but a failure becomes ``Result.error`` instead of raising."""
         rid = request.request_id or uuid.uuid4().hex[:12]
         try:
-            return await self._process_request(rid, request)
+            return await self._process_request(rid, request, device)
         except AiommError as exc:
             return Result(request_id=rid, error=exc)
 
-    async def _process_request(self, rid: str, request: Request) -> Result:
+    async def _process_request(self, rid: str, request: Request, device: bool) -> Result:
         self.task_group  # noqa: B018  (raises EngineClosedError when closed)
         assert self._pipeline is not None
         t0 = time.perf_counter()
@@ -288,7 +293,7 @@ class Engine:
             async with self.admission.admit():
                 timings["admission"] = time.perf_counter() - t0
                 try:
-                    result = await self._pipeline.run(rid, request, timings)
+                    result = await self._pipeline.run(rid, request, timings, device=device)
                 except AiommError:
                     raise
                 except Exception as exc:

@@ -66,19 +66,23 @@ class Pipeline:
         self.output = output
         self.stages = (load, hash, cache, transform, assemble, output)
 
-    async def run(self, rid: str, request: Request, timings: dict[str, float]) -> Result:
-        """Process ``request`` (already admitted).
+    async def run(
+        self, rid: str, request: Request, timings: dict[str, float], *, device: bool = True
+    ) -> Result:
+        """Process ``request`` (already admitted); ``device=False`` skips the device stage.
 
         :raises AiommError: the first typed error of an item or a stage, with ``rid`` (and the
             item's index) attached; an unexpected exception becomes a ``ProcessingError``.
         """
         try:
-            return await self._run(rid, request, timings)
+            return await self._run(rid, request, timings, device)
         except AiommError as exc:
             exc.with_context(request_id=rid)
             raise
 
-    async def _run(self, rid: str, request: Request, timings: dict[str, float]) -> Result:
+    async def _run(
+        self, rid: str, request: Request, timings: dict[str, float], device: bool
+    ) -> Result:
         kwargs = dict(request.mm_processor_kwargs or {})
         self.transform.processor.validate_hf_kwargs(kwargs)
         prompt_ids = self.assemble.prompt_ids(request)
@@ -120,7 +124,7 @@ class Pipeline:
         timings["assemble"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        merged = await self.output.run(processed)
+        merged = await (self.output.run if device else self.output.run_host)(processed)
         timings["device"] = time.perf_counter() - t
         return Result(
             request_id=rid,

@@ -20,7 +20,10 @@ import aiomm
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["aiomm", "aiomm.kernels", "aiomm.adapters", "aiomm.processing"])
+@pytest.mark.parametrize(
+    "name",
+    ["aiomm", "aiomm.kernels", "aiomm.adapters", "aiomm.processing", "aiomm.integrations.ray"],
+)
 def test_subpackages_import(name: str) -> None:
     module = importlib.import_module(name)
     assert module.__name__ == name

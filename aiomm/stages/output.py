@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+
 from aiomm.device import DeviceStage
 from aiomm.processing.fields import FieldConfig, MultiModalKwargsItem
 from aiomm.processing.processor import ProcessedInputs
@@ -59,6 +61,18 @@ class OutputStage(Stage):
                 )
                 merged[key] = config.finish(pixels, vals)
             return merged
+
+    async def run_host(self, processed: ProcessedInputs) -> dict[str, Any]:
+        """The batched model kwargs of ``processed`` left on the CPU as the transform made them.
+
+        ``pixel_values`` keep the transform's dtype (uint8 when the adapter normalises on the
+        device), merged in the model's layout (compact rows expanded), not normalised.
+        """
+        with self.counted():
+            # a request's rows are megabytes: merge them off the event loop
+            return await anyio.to_thread.run_sync(
+                processed.merged_kwargs, limiter=self.device.workers
+            )
 
 
 def _collect(

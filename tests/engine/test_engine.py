@@ -80,6 +80,29 @@ async def test_process_every_input_kind(make_processor, tmp_path: Path) -> None:
     assert {"fetch", "decode_transform", "assemble", "device", "total"} <= set(result.timings)
 
 
+async def test_device_false_returns_the_transforms_uint8_rows(make_processor) -> None:
+    processor = make_processor()
+    imgs = [image(7), image(8, 64, 80)]
+    async with Engine(processor, EngineConfig(device="cpu")) as engine:
+        rows = await engine.process(Request(prompt=prompt(2), images=imgs), device=False)
+        # the second call hits the cache: cached items serve both modes
+        normalised = await engine.process(Request(prompt=prompt(2), images=imgs))
+    out, merged, pv = expected(processor, prompt(2), imgs)
+    assert rows.pixel_values.dtype == torch.uint8 and rows.pixel_values.device.type == "cpu"
+    # the model's layout (Qwen's frames repeated), not the items' compact rows
+    assert rows.pixel_values.shape == pv.shape
+    assert torch.equal(rows.pixel_values, merged["pixel_values"])
+    assert torch.equal(rows.mm_kwargs["image_grid_thw"], merged["image_grid_thw"])
+    assert rows.prompt_token_ids == normalised.prompt_token_ids == out.prompt_token_ids
+    assert rows.mm_placeholders == normalised.mm_placeholders
+    assert rows.item_hashes == normalised.item_hashes
+    assert normalised.cache == [CacheOutcome.HIT] * 2
+    # normalising the rows gives exactly what the device stage gives
+    norm = out.normalization
+    again = norm.module().forward_native(rows.pixel_values, torch.bfloat16, layout=norm.layout)
+    assert torch.equal(again, normalised.pixel_values)
+
+
 async def test_repeat_is_a_cache_hit_and_equal(make_processor) -> None:
     processor = make_processor()
     img = encode(image(7), "PNG")
