@@ -83,14 +83,15 @@ class Pipeline:
         self.transform.processor.validate_hf_kwargs(kwargs)
         prompt_ids = self.assemble.prompt_ids(request)
         n = len(request.images)
-        hashes: Sequence[str | None] = request.image_hashes or [None] * n
+        supplied = request.image_hashes if self.cache.trust_supplied_hashes else None
+        hashes: Sequence[str | None] = supplied or [None] * n
         items = [_Item() for _ in range(n)]
         item_timings: list[dict[str, float]] = [{} for _ in range(n)]
 
         async def one(i: int) -> None:
             try:
                 await self._load_item(
-                    request.images[i], hashes[i], kwargs, items[i], item_timings[i]
+                    request.images[i], hashes[i], request.tenant, kwargs, items[i], item_timings[i]
                 )
             except AiommError as exc:
                 exc.with_context(request_id=rid, item_index=i)
@@ -136,6 +137,7 @@ class Pipeline:
         self,
         source: Any,
         supplied_hash: str | None,
+        tenant: str | None,
         kwargs: Mapping[str, Any],
         out: _Item,
         timings: dict[str, float],
@@ -143,7 +145,7 @@ class Pipeline:
         cache = self.cache
         if supplied_hash is not None:
             # A hash given by the client keys the item: a hit skips even the download.
-            out.key = cache.key(supplied_hash, kwargs, supplied=True)
+            out.key = cache.key(supplied_hash, kwargs, supplied=True, tenant=tenant)
             hit = cache.lookup(out.key)
             if hit is not None:
                 out.item, out.outcome = hit, CacheOutcome.HIT
