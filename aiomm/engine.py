@@ -359,7 +359,10 @@ class Engine:
         )
 
     async def clear_cache(self) -> None:
-        """Drop every cached item; work in flight will not repopulate it."""
+        """Drop every item of the in-process cache; work in flight will not repopulate it.
+
+        The shared Redis tier is left alone: other replicas read it too.
+        """
         if self._pipeline is not None:
             await self._pipeline.cache.cache.clear()
 
