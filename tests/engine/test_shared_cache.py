@@ -89,7 +89,7 @@ async def client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis
         await conn.aclose()
 
 
-def req(data: bytes, **kw: object) -> Request:
+def req(data: bytes | str, **kw: object) -> Request:
     return Request(prompt=PROMPT, images=[data], **kw)  # type: ignore[arg-type]
 
 
@@ -203,6 +203,37 @@ async def test_a_cancelled_holder_hands_its_lease_on(config: EngineConfig) -> No
     stats = waiter.statistics()
     assert stats.lease_takeovers == 1 and stats.misses == 1 and stats.stored == 1
     assert elapsed < config.shared_cache.lease_ttl_s / 2  # released at once, not left to expire
+
+
+async def test_a_holder_computing_longer_than_its_lease_keeps_it(
+    make_processor, config: EngineConfig
+) -> None:
+    short = EngineConfig(
+        device="cpu",
+        shared_cache_url=config.shared_cache_url,
+        shared_cache=SharedCacheConfig(lease_ttl_s=0.3, lease_wait_s=5.0),
+    )
+    data = new_image()
+    decoders = CountingDecoder(delay=1.0), CountingDecoder()
+    processor = make_processor()
+    results: list = []
+    async with (
+        Engine(processor, short, decoder=decoders[0]) as a,
+        Engine(processor, short, decoder=decoders[1]) as b,
+    ):
+
+        async def one(engine: Engine) -> None:
+            results.append(await engine.process(req(data)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, a)
+            await anyio.to_thread.run_sync(decoders[0].entered.wait, 10)
+            tg.start_soon(one, b)
+        stats = b.stats().cache.shared
+    # renewed every lease_ttl_s / 3: b waited through three lease periods and joined
+    assert [r.cache for r in results] == [[CacheOutcome.MISS], [CacheOutcome.SHARED_JOINED]]
+    assert (decoders[0].decodes, decoders[1].decodes) == (1, 0)
+    assert stats.joins == 1 and stats.lease_takeovers == 0
 
 
 async def test_a_dead_holders_lease_expires(
@@ -335,8 +366,12 @@ async def test_supplied_hashes_cannot_reach_content_or_other_tenants_entries(
         assert torch.equal(alice.pixel_values, reference_x.pixel_values)
         assert torch.equal(mallory.pixel_values, reference_y.pixel_values)
         assert mallory.cache == [CacheOutcome.MISS]
-        again = await b.process(req(y, image_hashes=["h"], tenant="alice"))
-        assert again.cache == [CacheOutcome.SHARED_HIT]  # the same tenant shares across replicas
+        # the same tenant shares across replicas, and a hit in Redis skips even the download
+        again = await b.process(
+            req("http://127.0.0.1:9/never.png", image_hashes=["h"], tenant="alice")
+        )
+        assert again.cache == [CacheOutcome.SHARED_HIT]
+        assert torch.equal(again.pixel_values, reference_x.pixel_values)
     untrusting = EngineConfig(
         device="cpu",
         shared_cache_url=config.shared_cache_url,
@@ -345,6 +380,7 @@ async def test_supplied_hashes_cannot_reach_content_or_other_tenants_entries(
     )
     async with Engine(processor, untrusting) as c:
         ignored = await c.process(req(y, image_hashes=["h"], tenant="alice"))
+        assert c.stats().cache.shared.hits == 1
     assert ignored.item_hashes == reference_y.item_hashes
     assert ignored.cache == [CacheOutcome.SHARED_HIT]
     assert torch.equal(ignored.pixel_values, reference_y.pixel_values)
