@@ -5,6 +5,7 @@ Two engines in one process stand for two replicas: they share nothing but Redis.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -313,9 +314,18 @@ async def test_redis_down_at_start_and_slow_redis_cost_at_most_the_timeout(
     )
     async with Engine(processor, slow) as engine:
         await engine.process(req(new_image()))  # warm: connected, threads started
-        blocker = threading.Thread(target=redis_server.command, args=("DEBUG", "SLEEP", "1.5"))
+        sent = threading.Event()
+
+        def block_redis() -> None:
+            with socket.create_connection(("127.0.0.1", redis_server.port), timeout=5) as conn:
+                conn.sendall(b"DEBUG SLEEP 1.5\r\n")
+                sent.set()
+                conn.recv(64)
+
+        blocker = threading.Thread(target=block_redis)
         blocker.start()
-        await anyio.sleep(0.1)
+        await anyio.to_thread.run_sync(sent.wait, 5)
+        await anyio.sleep(0.05)  # the server reads the command and stops answering
         t0 = time.monotonic()
         result = await engine.process(req(new_image()))
         elapsed = time.monotonic() - t0
