@@ -2,7 +2,9 @@
 
 Input: a content hash (or a client-supplied one) and the request's processor kwargs. Output: the
 item, from the cache or from the computation given (started once per key however many requests
-ask at once). Runs on the event loop; computations run in the engine's task group.
+ask at once). With ``shared_cache_url`` the computation first asks the Redis tier shared by every
+replica (:mod:`aiomm.shared_cache`). Runs on the event loop; computations run in the engine's
+task group.
 """
 
 from __future__ import annotations

@@ -336,6 +336,27 @@ async def test_redis_down_at_start_and_slow_redis_cost_at_most_the_timeout(
     assert stats.errors == 1 and not stats.available
 
 
+async def test_redis_answering_errors_costs_no_request(
+    make_processor, config: EngineConfig, redis_server: RedisServer
+) -> None:
+    processor = make_processor()
+    async with Engine(processor, config) as engine:
+        await engine.process(req(new_image()))
+        # out of memory and not allowed to evict: every write answers "-OOM ..."
+        redis_server.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        redis_server.command("CONFIG", "SET", "maxmemory", "1")
+        try:
+            results = [await engine.process(req(new_image())) for _ in range(3)]
+            stats = engine.stats().cache.shared
+        finally:
+            redis_server.command("CONFIG", "SET", "maxmemory", "256mb")
+            redis_server.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    assert all(r.ok and r.cache == [CacheOutcome.MISS] for r in results)
+    assert stats.errors >= 1 and "OutOfMemoryError" in (stats.last_error or "")
+    assert not stats.available
+    assert stats.stored == 1 and stats.local_computes == 3
+
+
 async def test_a_corrupt_stored_value_is_a_counted_miss(
     make_processor, config: EngineConfig, client: redis.asyncio.Redis
 ) -> None:
