@@ -1,7 +1,8 @@
 """Two replicas sharing one Redis item cache vs two independent replicas, same Zipf workload.
 
 Each replica is its own process running an :class:`aiomm.Engine` (CPU device, Qwen2-VL adapter
-built offline). Both replicas of a run start together (a barrier) and each streams its own
+built offline; a fresh engine, so an empty first tier, per run, after one warm-up request). Both
+replicas of a run start together (a barrier) and each streams its own
 requests, drawn from one pool of distinct images with Zipf-distributed popularity, as a load
 balancer spreads a gateway's traffic. The same request lists are replayed in both set-ups:
 
@@ -12,7 +13,7 @@ Printed side by side: CPU per image (the replicas' process CPU, all threads, plu
 redis-server's CPU in the shared set-up), items computed, and the hit rate (any tier), then the
 ratios shared / independent. Rounds alternate the two set-ups to spread the noise of a busy host.
 
-    python bench/shared_cache_bench.py [--requests 300] [--pool 120] [--zipf 1.1] [--rounds 2]
+    python bench/shared_cache_bench.py [--requests 300] [--pool 120] [--zipf 1.1] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -47,27 +48,27 @@ def _image_bytes(index: int, height: int, width: int) -> bytes:
     return encode(photo_like(np.random.default_rng(1000 + index), height, width), "JPEG")
 
 
-def _replica(
-    url: str | None,
-    indices: list[int],
-    size: tuple[int, int],
-    barrier: Any,
-    out: Any,
-) -> None:
-    """One replica: build the engine, wait for the other, stream ``indices``, report."""
+def _replica(size: tuple[int, int], barrier: Any, inbox: Any, out: Any) -> None:
+    """One replica process: builds the processor once, then per task ``(url, indices)`` opens a
+    fresh engine (empty first tier), waits for the other replica, streams, reports."""
     import anyio
 
     from aiomm import Engine, EngineConfig, Request
+    from aiomm.adapters import build_processor
 
-    config = EngineConfig(device="cpu", transform_threads=2, torch_threads=1, shared_cache_url=url)
-    engine = Engine.from_pretrained("qwen2-vl", config)
-    placeholder = engine.processor.dummy_inputs.get_dummy_text({"image": 1})
-    images = {i: _image_bytes(i, *size) for i in set(indices)}
-    requests = [Request(prompt=f"describe {placeholder}", images=[images[i]]) for i in indices]
+    processor = build_processor("qwen2-vl")
+    placeholder = processor.dummy_inputs.get_dummy_text({"image": 1})
+    images: dict[int, bytes] = {}
+    warm = _image_bytes(-1, *size)
 
-    async def run() -> dict[str, Any]:
-        async with engine:
-            barrier.wait()
+    async def run(url: str | None, indices: list[int]) -> dict[str, Any]:
+        config = EngineConfig(
+            device="cpu", transform_threads=2, torch_threads=1, shared_cache_url=url
+        )
+        requests = [Request(prompt=f"describe {placeholder}", images=[images[i]]) for i in indices]
+        async with Engine(processor, config, adapter_id="qwen2-vl") as engine:
+            await engine.process(Request(prompt=f"describe {placeholder}", images=[warm]))
+            await anyio.to_thread.run_sync(barrier.wait)
             cpu0, wall0 = time.process_time(), time.perf_counter()
             outcomes: Counter[str] = Counter()
             failed = 0
@@ -86,7 +87,12 @@ def _replica(
             "shared": None if shared is None else shared.__dict__,
         }
 
-    out.put(anyio.run(run))
+    while (task := inbox.get()) is not None:
+        url, indices = task
+        for i in indices:
+            if i not in images:
+                images[i] = _image_bytes(i, *size)
+        out.put(anyio.run(run, url, indices))
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -95,34 +101,50 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _run_setup(
-    url: str | None, streams: list[list[int]], size: tuple[int, int], redis_pid: int | None
-) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(len(streams)), ctx.Queue()
-    redis0 = _proc_cpu_s(redis_pid) if redis_pid else 0.0
-    procs = [ctx.Process(target=_replica, args=(url, s, size, barrier, out)) for s in streams]
-    for p in procs:
-        p.start()
-    reports = [out.get(timeout=1800) for _ in procs]
-    for p in procs:
-        p.join()
-    redis_cpu = (_proc_cpu_s(redis_pid) - redis0) if redis_pid else 0.0
-    outcomes: Counter[str] = Counter()
-    for r in reports:
-        outcomes.update(r["outcomes"])
-    images = sum(r["images"] for r in reports)
-    computed = outcomes["miss"] + outcomes["uncached"]
-    return {
-        "cpu_s": sum(r["cpu_s"] for r in reports) + redis_cpu,
-        "redis_cpu_s": redis_cpu,
-        "wall_s": max(r["wall_s"] for r in reports),
-        "images": images,
-        "failed": sum(r["failed"] for r in reports),
-        "computed": computed,
-        "hit_rate": 1 - computed / images,
-        "outcomes": dict(outcomes),
-    }
+class _Replicas:
+    """Two replica processes kept across rounds (spawned once: building a processor is slow)."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        ctx = mp.get_context("spawn")
+        self.barrier = ctx.Barrier(2)
+        self.out = ctx.Queue()
+        self.inboxes = [ctx.Queue(), ctx.Queue()]
+        self.procs = [
+            ctx.Process(target=_replica, args=(size, self.barrier, q, self.out), daemon=True)
+            for q in self.inboxes
+        ]
+        for p in self.procs:
+            p.start()
+
+    def run(
+        self, url: str | None, streams: list[list[int]], redis_pid: int | None
+    ) -> dict[str, Any]:
+        redis0 = _proc_cpu_s(redis_pid) if redis_pid else 0.0
+        for inbox, stream in zip(self.inboxes, streams, strict=True):
+            inbox.put((url, stream))
+        reports = [self.out.get(timeout=1800) for _ in self.procs]
+        redis_cpu = (_proc_cpu_s(redis_pid) - redis0) if redis_pid else 0.0
+        outcomes: Counter[str] = Counter()
+        for r in reports:
+            outcomes.update(r["outcomes"])
+        images = sum(r["images"] for r in reports)
+        computed = outcomes["miss"] + outcomes["uncached"]
+        return {
+            "cpu_s": sum(r["cpu_s"] for r in reports) + redis_cpu,
+            "redis_cpu_s": redis_cpu,
+            "wall_s": max(r["wall_s"] for r in reports),
+            "images": images,
+            "failed": sum(r["failed"] for r in reports),
+            "computed": computed,
+            "hit_rate": 1 - computed / images,
+            "outcomes": dict(outcomes),
+        }
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for p in self.procs:
+            p.join(timeout=60)
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -138,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300, help="requests per replica")
     parser.add_argument("--pool", type=int, default=120, help="distinct images")
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent s")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per set-up")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds per set-up")
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--json", type=Path, help="also write the numbers here")
@@ -152,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp))
         server.start()
+        replicas = _Replicas(size)
         try:
             for rnd in range(args.rounds):
                 # fresh request streams each round: both set-ups replay the same ones
@@ -164,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
                     if setup == "shared":
                         server.command("FLUSHALL")
                         assert server.proc is not None
-                        result = _run_setup(server.url, streams, size, server.proc.pid)
+                        result = replicas.run(server.url, streams, server.proc.pid)
                     else:
-                        result = _run_setup(None, streams, size, None)
+                        result = replicas.run(None, streams, None)
                     runs[setup].append(result)
                     print(f"round {rnd} {setup:<11} {json.dumps(result)}", flush=True)
         finally:
+            replicas.close()
             server.stop()
 
     ind, sh = _merge(runs["independent"]), _merge(runs["shared"])
