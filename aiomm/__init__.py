@@ -9,6 +9,7 @@ import typing as _typing
 
 from .errors import AiommError as AiommError
 from .errors import BlockedAddressError as BlockedAddressError
+from .errors import CacheValueError as CacheValueError
 from .errors import ConfigError as ConfigError
 from .errors import DecodeError as DecodeError
 from .errors import DownloadTooLargeError as DownloadTooLargeError
@@ -40,6 +41,7 @@ if _typing.TYPE_CHECKING:
     from .config import EngineConfig as EngineConfig
     from .config import FetchConfig as FetchConfig
     from .config import MultiModalConfig as MultiModalConfig
+    from .config import SharedCacheConfig as SharedCacheConfig
     from .engine import Engine as Engine
     from .engine import EngineStats as EngineStats
     from .item_cache import CacheOutcome as CacheOutcome
@@ -63,12 +65,14 @@ _LAZY = {
     "Request": "aiomm.types",
     "Result": "aiomm.types",
     "ResultStream": "aiomm.stream",
+    "SharedCacheConfig": "aiomm.config",
 }
 
 __all__ = (
     "AiommError",
     "BlockedAddressError",
     "CacheOutcome",
+    "CacheValueError",
     "ConfigError",
     "DecodeConfig",
     "DecodeError",
@@ -99,6 +103,7 @@ __all__ = (
     "Request",
     "Result",
     "ResultStream",
+    "SharedCacheConfig",
     "TooManyRedirectsError",
     "UnknownArchitectureError",
     "UnknownModalityError",

@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--samples", type=int, default=24, help="sample images without sources")
     run.add_argument("--allowed-root", type=Path, help="local files allowed under this folder")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument(
+        "--shared-cache", metavar="URL", help="Redis item cache shared by replicas (redis://...)"
+    )
     sub.add_parser(
         "bench", add_help=False, help="streaming benchmark (bench/stream_bench/; --help)"
     )
@@ -134,6 +137,7 @@ async def _run(args: argparse.Namespace, sources: list[str], root: Path | None,
         torch_threads=1,
         fetch=FetchConfig(allowed_local_root=root),
         decode=DecodeConfig(),
+        shared_cache_url=args.shared_cache,
         **kwargs,
     )
     engine = Engine.from_pretrained(args.model, config, backend=args.backend)
@@ -171,7 +175,7 @@ def _print_summary(results: list[Result], elapsed: float, stats: object, output:
         return f"{percentile(latencies, q) * 1000:.1f} ms" if latencies else "-"
 
     outcomes = [c.value for r in ok for c in r.cache]
-    hits = sum(o in ("hit", "joined") for o in outcomes)
+    hits = sum(o in ("hit", "joined", "shared_hit", "shared_joined") for o in outcomes)
     rows = [
         ("requests", f"{len(results)} ({len(results) - len(ok)} failed)"),
         ("images", str(images)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -21,6 +22,7 @@ __all__ = (
     "EngineConfig",
     "FetchConfig",
     "MultiModalConfig",
+    "SharedCacheConfig",
     "TransformMode",
     "VisualDtype",
 )
@@ -179,6 +181,79 @@ class MultiModalConfig:
 
 
 @dataclass(frozen=True)
+class SharedCacheConfig:
+    """Bounds and timeouts of the Redis item cache shared by replicas
+    (``EngineConfig.shared_cache_url``).
+
+    Redis's own memory is bounded by Redis (``maxmemory`` with ``allkeys-lru``); these bound what
+    one engine writes and how long it waits.
+
+    :raises ConfigError: a non-positive size, TTL or timeout.
+    """
+
+    #: seconds an item lives in Redis (renewed by nothing: a popular item is rewritten after it
+    #: expires); None keeps items until Redis evicts them
+    ttl_s: float | None = 24 * 3600.0
+    #: items whose serialised size exceeds this stay in the local tier only
+    max_item_bytes: int = 64 << 20
+    #: the longest any single Redis command may take before the engine gives up on it
+    op_timeout_s: float = 0.5
+    #: the longest opening a connection may take
+    connect_timeout_s: float = 0.5
+    #: expiry of the lease a replica holds while it computes an item (renewed while it computes,
+    #: so it only runs out when the replica dies or hangs)
+    lease_ttl_s: float = 10.0
+    #: the longest a replica waits for another replica's computation before computing itself
+    lease_wait_s: float = 10.0
+    #: first and last delay between polls for another replica's result (doubling in between)
+    poll_min_s: float = 0.005
+    poll_max_s: float = 0.1
+    #: after a Redis error the tier is bypassed this long, then tried again (reconnecting)
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.ttl_s is not None:
+            _check_positive_number(self, "ttl_s")
+        _check_int(self, "max_item_bytes", minimum=1)
+        for name in (
+            "op_timeout_s",
+            "connect_timeout_s",
+            "lease_ttl_s",
+            "lease_wait_s",
+            "poll_min_s",
+            "poll_max_s",
+            "retry_after_s",
+        ):
+            _check_positive_number(self, name)
+        if self.poll_max_s < self.poll_min_s:
+            raise ConfigError(
+                f"SharedCacheConfig.poll_max_s ({self.poll_max_s}) must be >= poll_min_s "
+                f"({self.poll_min_s})"
+            )
+
+
+def _check_redis_url(url: object) -> None:
+    if url is None:
+        return
+    if not isinstance(url, str):
+        raise ConfigError(
+            f"EngineConfig.shared_cache_url must be a redis:// URL or None, got "
+            f"{type(url).__name__}"
+        )
+    parts = urllib.parse.urlsplit(url)
+    try:
+        _ = parts.port  # parsed lazily: a bad port raises here
+    except ValueError as exc:
+        raise ConfigError(f"EngineConfig.shared_cache_url has a bad port: {exc}") from None
+    db = parts.path.lstrip("/")
+    if parts.scheme != "redis" or not parts.hostname or (db and not db.isdigit()):
+        raise ConfigError(
+            "EngineConfig.shared_cache_url must look like redis://HOST[:PORT][/DB], got "
+            f"scheme {parts.scheme!r}, host {parts.hostname!r}, path {parts.path!r}"
+        )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Configuration of an :class:`~aiomm.Engine`.
 
@@ -223,6 +298,13 @@ class EngineConfig:
     tune_malloc: bool = True
     #: hash encoded bytes in a worker thread above this size (below it the loop is faster)
     hash_in_thread_bytes: int = 1 << 20
+    #: a Redis item cache shared by every replica, behind the in-process one
+    #: (``redis://HOST:PORT/DB``); None keeps the cache per process
+    shared_cache_url: str | None = None
+    shared_cache: SharedCacheConfig = field(default_factory=SharedCacheConfig)
+    #: key items by ``Request.image_hashes`` when given (a hit skips the download); False hashes
+    #: every image's content instead, for callers that do not trust their clients
+    trust_supplied_hashes: bool = True
     fetch: FetchConfig = field(default_factory=FetchConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     processing: MultiModalConfig = field(default_factory=MultiModalConfig)
@@ -251,9 +333,16 @@ class EngineConfig:
             ("fetch", FetchConfig),
             ("decode", DecodeConfig),
             ("processing", MultiModalConfig),
+            ("shared_cache", SharedCacheConfig),
         ):
             value = getattr(self, name)
             if not isinstance(value, expected):
                 raise ConfigError(
                     f"EngineConfig.{name} must be a {expected.__name__}, got {type(value).__name__}"
                 )
+        _check_redis_url(self.shared_cache_url)
+        if not isinstance(self.trust_supplied_hashes, bool):
+            raise ConfigError(
+                "EngineConfig.trust_supplied_hashes must be a bool, got "
+                f"{type(self.trust_supplied_hashes).__name__}"
+            )

@@ -28,7 +28,7 @@ from aiomm.decode import keep_pillow_blocks
 from aiomm.device import DeviceStage, DeviceStageStatistics
 from aiomm.errors import AiommError, ConfigError, EngineClosedError, ProcessingError
 from aiomm.fetch import MediaFetcher
-from aiomm.item_cache import ItemCache
+from aiomm.item_cache import ItemCache, SecondTier
 from aiomm.logging import get_logger
 from aiomm.memory import tune_malloc
 from aiomm.pipeline import Pipeline
@@ -201,6 +201,7 @@ class Engine:
             fetcher = self._given_fetcher
             if fetcher is None:
                 fetcher = await stack.enter_async_context(MediaFetcher(cfg.fetch))
+            shared = await self._open_shared_cache(stack)
             tg = await stack.enter_async_context(anyio.create_task_group())
         except BaseException:
             await stack.aclose()
@@ -217,10 +218,11 @@ class Engine:
                 max_pixels=cfg.decode.max_pixels,
             ),
             cache=CacheStage(
-                ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes),
+                ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared),
                 fingerprint=self._fingerprint,
                 normalize_mode=self._normalize_mode,
-                enabled=cfg.cache_capacity_bytes > 0,
+                enabled=cfg.cache_capacity_bytes > 0 or shared is not None,
+                trust_supplied_hashes=cfg.trust_supplied_hashes,
             ),
             transform=TransformStage(
                 self.processor, self._decoder, threads=cfg.transform_threads, budget=self._budget
@@ -231,6 +233,27 @@ class Engine:
         log.info("engine_open", adapter=self.adapter_id, transform=self.processor.transform,
                  normalize=self._normalize_mode, device=str(self.device.device))  # fmt: skip
         return self
+
+    async def _open_shared_cache(self, stack: contextlib.AsyncExitStack) -> SecondTier | None:
+        """The Redis tier of ``shared_cache_url`` (closed by ``stack`` after the task group), or
+        None. Redis being down is logged, not raised: the engine computes locally meanwhile.
+
+        :raises ConfigError: if the ``redis`` client is not installed.
+        """
+        url = self.config.shared_cache_url
+        if url is None:
+            return None
+        try:
+            from aiomm.shared_cache import SharedItemCache
+        except ImportError as exc:
+            raise ConfigError(
+                "shared_cache_url needs the redis client: pip install 'aiomm[shared-cache]' "
+                f"({exc})"
+            ) from exc
+        shared = SharedItemCache(url, self.config.shared_cache)
+        stack.push_async_callback(shared.aclose)
+        await shared.probe()
+        return shared
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -341,7 +364,10 @@ class Engine:
         )
 
     async def clear_cache(self) -> None:
-        """Drop every cached item; work in flight will not repopulate it."""
+        """Drop every item of the in-process cache; work in flight will not repopulate it.
+
+        The shared Redis tier is left alone: other replicas read it too.
+        """
         if self._pipeline is not None:
             await self._pipeline.cache.cache.clear()
 

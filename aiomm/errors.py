@@ -17,7 +17,8 @@ and never embed payloads. Any error may carry the ``request_id`` and ``item_inde
     │   ├── ItemCountMismatchError                 images vs placeholders in the prompt
     │   ├── PromptUpdateError                      a prompt update cannot be applied or found
     │   ├── ProcessorKwargsError                   processor kwargs the processor rejects
-    │   └── PixelValueRoundingError                uint8 output would not be exact
+    │   ├── PixelValueRoundingError                uint8 output would not be exact
+    │   └── CacheValueError                        an item the shared cache cannot (de)serialise
     ├── UnknownArchitectureError (KeyError)        no adapter for that architecture name
     ├── MediaError (ValueError)                    an item could not be loaded
     │   ├── FetchError                             could not obtain the encoded bytes
@@ -42,6 +43,7 @@ from typing import Any, TypeVar
 __all__ = (
     "AiommError",
     "BlockedAddressError",
+    "CacheValueError",
     "ConfigError",
     "DecodeError",
     "DownloadTooLargeError",
@@ -195,6 +197,11 @@ class ProcessorKwargsError(ProcessingError):
 
 class PixelValueRoundingError(ProcessingError):
     """Raised when uint8 pixel values were requested but the transform produced non-integers."""
+
+
+class CacheValueError(ProcessingError):
+    """Raised when an item cannot be serialised for the shared cache, or a stored value cannot
+    be read back (corrupt, truncated, another format); the shared cache treats it as a miss."""
 
 
 class UnknownArchitectureError(AiommError, KeyError):

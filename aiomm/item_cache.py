@@ -2,6 +2,8 @@
 
 A request first reads the backend; on a miss it joins (or starts) the single computation of that
 key, whose result is stored before any caller wakes, unless :meth:`ItemCache.clear` ran meanwhile.
+With a second tier (:class:`SecondTier`, e.g. :class:`aiomm.shared_cache.SharedItemCache`) the
+computation first asks that tier, which may hold the item or deduplicate it across processes.
 
 Thread safety: none. Use it from the event-loop thread only.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiocache.base import BaseCache
 from anyio.abc import TaskGroup
@@ -19,7 +21,7 @@ from anyio.abc import TaskGroup
 from .cache import DEFAULT_CAPACITY_BYTES, ByteLRUCache, CacheStatistics
 from .singleflight import SingleFlight
 
-__all__ = ("CacheOutcome", "ItemCache", "ItemCacheStatistics")
+__all__ = ("CacheOutcome", "ItemCache", "ItemCacheStatistics", "SecondTier")
 
 T = TypeVar("T")
 
@@ -36,6 +38,27 @@ class CacheOutcome(enum.Enum):
     #: computed by the computation this caller started, but not stored: the backend refused it
     #: (larger than the whole cache) or :meth:`ItemCache.clear` ran while it was computed
     UNCACHED = "uncached"
+    #: read from the second (shared) tier, then stored in the first
+    SHARED_HIT = "shared_hit"
+    #: computed by another process while this one waited for it in the second tier
+    SHARED_JOINED = "shared_joined"
+
+
+class SecondTier(Protocol):
+    """A cache behind the in-process one, consulted by the single computation of a key."""
+
+    async def get_or_compute(
+        self, key: str, compute: Callable[[], Awaitable[Any]]
+    ) -> tuple[Any, str]:
+        """The value and how it was obtained: ``"hit"``, ``"joined"`` or ``"computed"``.
+
+        :raises: whatever ``compute`` raised; the tier's own failures must not escape.
+        """
+        ...
+
+    def statistics(self) -> Any:
+        """A snapshot of the tier's counters."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -46,6 +69,10 @@ class ItemCacheStatistics:
     misses: int
     joins: int
     uncached: int
+    #: items read from the second tier (also counted by it)
+    shared_hits: int
+    #: items another process computed while this one waited in the second tier
+    shared_joins: int
     #: computations that raised (every caller of one got the exception)
     failures: int
     in_flight: int
@@ -54,6 +81,8 @@ class ItemCacheStatistics:
     capacity_bytes: int
     evictions: int
     oversize_skips: int
+    #: the second tier's statistics (``SharedCacheStatistics`` for Redis), None without one
+    shared: Any = None
 
 
 class ItemCache:
@@ -65,6 +94,7 @@ class ItemCache:
     :param backend: any aiocache backend; default ``ByteLRUCache(capacity_bytes)``. Its ``set``
         must return a falsy value when it did not store the value.
     :param capacity_bytes: the byte budget of the default backend.
+    :param second_tier: looked up (and filled) by the computation of a key missing here.
     """
 
     def __init__(
@@ -73,8 +103,12 @@ class ItemCache:
         backend: BaseCache | None = None,
         *,
         capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
+        second_tier: SecondTier | None = None,
     ) -> None:
         self._backend = backend if backend is not None else ByteLRUCache(capacity_bytes)
+        self._second = second_tier
+        self._shared_hits = 0
+        self._shared_joins = 0
         self._flight = SingleFlight(task_group)
         self._hits = 0
         self._misses = 0
@@ -85,6 +119,11 @@ class ItemCache:
     def backend(self) -> BaseCache:
         """The cache backend."""
         return self._backend
+
+    @property
+    def second_tier(self) -> SecondTier | None:
+        """The cache behind this one, if any."""
+        return self._second
 
     async def get_or_compute(
         self, key: str, compute: Callable[[], Awaitable[T]]
@@ -111,11 +150,19 @@ class ItemCache:
             if cached is not None:
                 outcome = CacheOutcome.HIT
                 return cached  # type: ignore[no-any-return]
-            return await compute()
+            if self._second is None:
+                return await compute()
+            value, how = await self._second.get_or_compute(key, compute)
+            if how != "computed":
+                outcome = CacheOutcome.SHARED_HIT if how == "hit" else CacheOutcome.SHARED_JOINED
+            return value  # type: ignore[no-any-return]
 
         async def store(result: T) -> None:
             nonlocal outcome
-            if outcome is not CacheOutcome.HIT and await self._backend.set(key, result):
+            if outcome is CacheOutcome.HIT:
+                return
+            stored = await self._backend.set(key, result)
+            if stored and outcome is CacheOutcome.UNCACHED:
                 outcome = CacheOutcome.MISS
 
         value, joined = await self._flight.do(key, compute_once, store=store)
@@ -160,6 +207,8 @@ class ItemCache:
             misses=self._misses,
             joins=self._joins,
             uncached=self._uncached,
+            shared_hits=self._shared_hits,
+            shared_joins=self._shared_joins,
             failures=flights.failures,
             in_flight=flights.in_flight,
             entries=backend.entries,
@@ -167,6 +216,7 @@ class ItemCache:
             capacity_bytes=backend.capacity_bytes,
             evictions=backend.evictions,
             oversize_skips=backend.oversize_skips,
+            shared=None if self._second is None else self._second.statistics(),
         )
 
     def _count(self, outcome: CacheOutcome) -> None:
@@ -176,5 +226,9 @@ class ItemCache:
             self._misses += 1
         elif outcome is CacheOutcome.JOINED:
             self._joins += 1
+        elif outcome is CacheOutcome.SHARED_HIT:
+            self._shared_hits += 1
+        elif outcome is CacheOutcome.SHARED_JOINED:
+            self._shared_joins += 1
         else:
             self._uncached += 1

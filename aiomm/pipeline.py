@@ -87,14 +87,15 @@ class Pipeline:
         self.transform.processor.validate_hf_kwargs(kwargs)
         prompt_ids = self.assemble.prompt_ids(request)
         n = len(request.images)
-        hashes: Sequence[str | None] = request.image_hashes or [None] * n
+        supplied = request.image_hashes if self.cache.trust_supplied_hashes else None
+        hashes: Sequence[str | None] = supplied or [None] * n
         items = [_Item() for _ in range(n)]
         item_timings: list[dict[str, float]] = [{} for _ in range(n)]
 
         async def one(i: int) -> None:
             try:
                 await self._load_item(
-                    request.images[i], hashes[i], kwargs, items[i], item_timings[i]
+                    request.images[i], hashes[i], request.tenant, kwargs, items[i], item_timings[i]
                 )
             except AiommError as exc:
                 exc.with_context(request_id=rid, item_index=i)
@@ -140,29 +141,34 @@ class Pipeline:
         self,
         source: Any,
         supplied_hash: str | None,
+        tenant: str | None,
         kwargs: Mapping[str, Any],
         out: _Item,
         timings: dict[str, float],
     ) -> None:
         cache = self.cache
         if supplied_hash is not None:
-            # A hash given by the client keys the item: a hit skips even the download.
-            out.key = cache.key(supplied_hash, kwargs, supplied=True)
+            # A hash given by the client keys the item: a hit in any tier skips even the
+            # download, so the download is part of the computation.
+            out.key = cache.key(supplied_hash, kwargs, supplied=True, tenant=tenant)
             hit = cache.lookup(out.key)
             if hit is not None:
                 out.item, out.outcome = hit, CacheOutcome.HIT
                 return
 
-        t = time.perf_counter()
-        raw = await self.load.load(source)
-        timings["fetch"] = time.perf_counter() - t
-        if supplied_hash is None or is_in_memory(raw):
-            # in-memory images are converted to RGB pixels here (and hashed)
+            async def load_and_compute() -> MultiModalKwargsItem:
+                raw = await self._fetch(source, timings)
+                if is_in_memory(raw):
+                    raw, _ = await self._hash(raw, timings)  # converted to RGB pixels here
+                return await self.transform.compute(raw, kwargs, timings)
+
             t = time.perf_counter()
-            raw, content_hash = await self.hash.hash(raw)
-            timings["hash"] = time.perf_counter() - t
-            if supplied_hash is None:
-                out.key = cache.key(content_hash, kwargs)
+            out.item, out.outcome = await cache.get_or_compute(out.key, load_and_compute)
+            timings["cache_and_compute"] = time.perf_counter() - t
+            return
+
+        raw, content_hash = await self._hash(await self._fetch(source, timings), timings)
+        out.key = cache.key(content_hash, kwargs)
 
         async def compute() -> MultiModalKwargsItem:
             return await self.transform.compute(raw, kwargs, timings)
@@ -170,6 +176,18 @@ class Pipeline:
         t = time.perf_counter()
         out.item, out.outcome = await cache.get_or_compute(out.key, compute)
         timings["cache_and_compute"] = time.perf_counter() - t
+
+    async def _fetch(self, source: Any, timings: dict[str, float]) -> Any:
+        t = time.perf_counter()
+        raw = await self.load.load(source)
+        timings["fetch"] = time.perf_counter() - t
+        return raw
+
+    async def _hash(self, raw: Any, timings: dict[str, float]) -> tuple[Any, str]:
+        t = time.perf_counter()
+        raw, content_hash = await self.hash.hash(raw)
+        timings["hash"] = time.perf_counter() - t
+        return raw, content_hash
 
 
 def _first_error(group: BaseExceptionGroup) -> BaseException:

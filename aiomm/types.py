@@ -27,7 +27,9 @@ class Request:
     Give ``prompt_token_ids`` (already tokenized, as serving stacks do) or ``prompt`` (text,
     tokenized with the adapter's tokenizer). ``image_hashes`` may carry caller-supplied content
     hashes (OpenAI-style clients send them): a cache hit then skips even the download. A supplied
-    hash is used only as a cache key, never for a security decision.
+    hash is used only as a cache key, never for a security decision; its entries are kept apart
+    from content-hash entries and per ``tenant`` (an id the caller vouches for, e.g. the API key's
+    owner), so one tenant cannot read or poison another's supplied-hash entries.
 
     :raises InvalidRequestError: both or neither of ``prompt_token_ids`` and ``prompt``;
         ``images`` a single string or bytes; ``image_hashes`` not one per image.
@@ -39,6 +41,7 @@ class Request:
     request_id: str | None = None
     mm_processor_kwargs: Mapping[str, Any] | None = None
     image_hashes: Sequence[str | None] | None = None
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt is None):

@@ -2,11 +2,14 @@
 
 Input: a content hash (or a client-supplied one) and the request's processor kwargs. Output: the
 item, from the cache or from the computation given (started once per key however many requests
-ask at once). Runs on the event loop; computations run in the engine's task group.
+ask at once). With ``shared_cache_url`` the computation first asks the Redis tier shared by every
+replica (:mod:`aiomm.shared_cache`). Runs on the event loop; computations run in the engine's
+task group.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -22,24 +25,47 @@ __all__ = ("CacheStage",)
 class CacheStage(Stage):
     """Keys items by content, adapter and kwargs; looks them up or computes them once.
 
-    With ``enabled=False`` (``cache_capacity_bytes=0``) every item is computed, uncached.
+    With ``enabled=False`` (no local capacity and no shared tier) every item is computed,
+    uncached. With ``trust_supplied_hashes=False`` the pipeline ignores client-supplied hashes.
     """
 
     name = "cache"
 
     def __init__(
-        self, cache: ItemCache, *, fingerprint: str, normalize_mode: str, enabled: bool
+        self,
+        cache: ItemCache,
+        *,
+        fingerprint: str,
+        normalize_mode: str,
+        enabled: bool,
+        trust_supplied_hashes: bool = True,
     ) -> None:
         super().__init__(None)
         self.cache = cache
         self.enabled = enabled
+        self.trust_supplied_hashes = trust_supplied_hashes
         self._fingerprint = fingerprint
         self._normalize_mode = normalize_mode
 
-    def key(self, content_hash: str, kwargs: Mapping[str, Any], *, supplied: bool = False) -> str:
-        """The cache key of an item; supplied hashes live in a namespace of their own."""
+    def key(
+        self,
+        content_hash: str,
+        kwargs: Mapping[str, Any],
+        *,
+        supplied: bool = False,
+        tenant: str | None = None,
+    ) -> str:
+        """The cache key of an item.
+
+        A supplied hash is chosen by the client, so it lives in a namespace of its own, per
+        ``tenant``: it can neither equal a content hash's key (those are hex digests, the
+        namespace a JSON list) nor another tenant's. Content hashes are verified, so their
+        entries are shared by every tenant.
+        """
+        if supplied:
+            content_hash = json.dumps(["supplied", tenant or "", content_hash])
         return item_cache_key(
-            f"supplied:{content_hash}" if supplied else content_hash,
+            content_hash,
             adapter=self._fingerprint,
             processor_kwargs=kwargs,
             normalize_mode=self._normalize_mode,
