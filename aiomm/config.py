@@ -223,6 +223,10 @@ class EngineConfig:
     tune_malloc: bool = True
     #: hash encoded bytes in a worker thread above this size (below it the loop is faster)
     hash_in_thread_bytes: int = 1 << 20
+    #: hand back each item as processed (``Result.items``: uint8 rows where the device
+    #: normalises) and skip the device stage, leaving ``Result.mm_kwargs`` empty; for render
+    #: tiers that ship items to a remote model engine
+    return_items: bool = False
     fetch: FetchConfig = field(default_factory=FetchConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     processing: MultiModalConfig = field(default_factory=MultiModalConfig)
