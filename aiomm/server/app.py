@@ -180,6 +180,9 @@ def create_app(config: ServerConfig) -> Starlette:
                             response = await handler(request, body)
                         except ApiError as exc:
                             error = exc
+                        except Exception as exc:  # a bug: answer 500, keep serving
+                            log.exception("request_crashed", endpoint=name)
+                            error = ApiError(f"internal error: {type(exc).__name__}", status=500)
                         tg.cancel_scope.cancel()
 
                     async def watch() -> None:
@@ -220,6 +223,7 @@ def create_app(config: ServerConfig) -> Starlette:
         s.metrics.images.inc(rendered.images)
         s.metrics.cache.labels("hit").inc(rendered.cache_hits)
         s.metrics.cache.labels("miss").inc(rendered.images - rendered.cache_hits)
+        s.metrics.observe_timings(rendered.timings)
         return rendered.response
 
     async def chat_render(request: Request, body: dict[str, Any]) -> Response:

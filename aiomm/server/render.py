@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -56,6 +56,8 @@ class Rendered:
     response: dict[str, Any]
     images: int
     cache_hits: int
+    #: seconds per engine stage
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 class RenderService:
@@ -154,11 +156,19 @@ class RenderService:
         )
         features = None
         cache_hits = 0
+        timings: dict[str, float] = {}
         if parsed.images:
-            with anyio.fail_after(self.limits.timeout_s):
-                features, prompt_ids, cache_hits = await self._features(
-                    parsed.images, prompt_ids, tensors=payload == "tensors"
-                )
+            try:
+                with anyio.fail_after(self.limits.timeout_s):
+                    features, prompt_ids, cache_hits, timings = await self._features(
+                        parsed.images, prompt_ids, tensors=payload == "tensors"
+                    )
+            except TimeoutError:
+                raise ApiError(
+                    f"the request's images took longer than {self.limits.timeout_s} s",
+                    status=408,
+                    type="TimeoutError",
+                ) from None
         sampling = derive(
             body,
             self.defaults,
@@ -187,6 +197,7 @@ class RenderService:
             ),
             len(parsed.images),
             cache_hits,
+            timings,
         )
 
     def render_text(self, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -254,7 +265,7 @@ class RenderService:
 
     async def _features(
         self, parts: list[ImagePart], prompt_ids: list[int], *, tensors: bool
-    ) -> tuple[dict[str, Any], list[int], int]:
+    ) -> tuple[dict[str, Any], list[int], int, dict[str, float]]:
         n = len(parts)
         data: list[bytes] = [b""] * n
         hashes: list[str] = [""] * n
@@ -289,7 +300,7 @@ class RenderService:
             kwargs_data, metadata = encode_items(result.items)
             feats["kwargs_data"] = {"image": kwargs_data}
             feats["mm_metadata"] = {"image": metadata}
-        return feats, result.prompt_token_ids, hits
+        return feats, result.prompt_token_ids, hits, result.timings
 
 
 def _wire_value(key: str, item: MultiModalKwargsItem) -> Any:
