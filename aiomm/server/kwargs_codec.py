@@ -10,6 +10,7 @@ msgpack forms, as vLLM's encoder (also msgspec) does, so the bytes are identical
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,19 @@ import numpy as np
 import pybase64
 import torch
 
-__all__ = ("Field", "TensorValue", "decode_item", "encode_item", "tensor_wire")
+__all__ = (
+    "Field",
+    "TensorValue",
+    "decode_item",
+    "encode_item",
+    "encode_item_b64",
+    "tensor_wire",
+)
 
 _EXT_TENSOR = 3
+#: largest msgpack buffer a thread keeps for the next item
+_KEEP_BYTES = 64 << 20
+_LOCAL = threading.local()
 _ENCODER = msgspec.msgpack.Encoder()
 _DTYPES = {
     "uint8": np.uint8,
@@ -75,19 +86,37 @@ def tensor_wire(tensor: torch.Tensor) -> list[Any]:
     return [dtype, list(t.shape), msgspec.msgpack.Ext(_EXT_TENSOR, memoryview(raw))]
 
 
-def encode_item(entries: Mapping[str, tuple[Any, Field]]) -> str:
-    """Base64 of one item: ``entries`` maps each key (in wire order) to ``(value, field)``.
-
-    A value is a CPU tensor, an already built wire tensor (list), None or a number.
-    """
-    doc = {
+def _doc(entries: Mapping[str, tuple[Any, Field]]) -> dict[str, Any]:
+    return {
         key: {
             "data": tensor_wire(value) if isinstance(value, torch.Tensor) else value,
             "field": fld.wire(),
         }
         for key, (value, fld) in entries.items()
     }
-    return pybase64.b64encode(_ENCODER.encode(doc)).decode("ascii")
+
+
+def encode_item_b64(entries: Mapping[str, tuple[Any, Field]]) -> bytes:
+    """Base64 (ASCII bytes) of one item: ``entries`` maps each key (in wire order) to
+    ``(value, field)``; a value is a CPU tensor, an already built wire tensor, None or a number.
+
+    The msgpack document is written into a per-thread buffer that is reused, so a multi-megabyte
+    item costs no fresh (page-faulting) memory before it is base64-encoded.
+    """
+    buf = getattr(_LOCAL, "buf", None)
+    if buf is None:
+        buf = _LOCAL.buf = bytearray()
+    _ENCODER.encode_into(_doc(entries), buf)
+    try:
+        return pybase64.b64encode(buf)
+    finally:
+        if len(buf) > _KEEP_BYTES:
+            _LOCAL.buf = bytearray()
+
+
+def encode_item(entries: Mapping[str, tuple[Any, Field]]) -> str:
+    """:func:`encode_item_b64` as a ``str``."""
+    return encode_item_b64(entries).decode("ascii")
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:

@@ -28,6 +28,16 @@ from aiomm.errors import DecodeError, ImageTooLargeError
 __all__ = ("VllmDecoder", "converts_mode", "load_image")
 
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA"})
+_ORIENTATION_TAG = 0x0112
+#: EXIF orientations that move pixels (1 is upright)
+_TRANSPOSED = frozenset(range(2, 9))
+
+
+def _orientation(image: PIL.Image.Image) -> int:
+    try:
+        return int(image.getexif().get(_ORIENTATION_TAG, 1))
+    except Exception:  # malformed EXIF: treated as upright, as vLLM's suppressed error does
+        return 1
 
 
 def _has_transparency(image: PIL.Image.Image) -> bool:
@@ -57,9 +67,11 @@ def load_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, bool]:
     probe_image_size(data, max_pixels)  # header, pixel limit and typed errors
     try:
         image = PIL.Image.open(io.BytesIO(data))
-        with contextlib.suppress(Exception):  # vLLM ignores malformed EXIF the same way
-            image = PIL.ImageOps.exif_transpose(image)
         image.load()
+        if _orientation(image) in _TRANSPOSED:
+            with contextlib.suppress(Exception):  # vLLM ignores malformed EXIF the same way
+                image = PIL.ImageOps.exif_transpose(image)
+        # (exif_transpose copies an upright image unchanged; skipping that changes no pixel)
         converted = converts_mode(image)
         rgb = _to_rgb(image)
     except (ImageTooLargeError, MemoryError):
