@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from aiomm.config import EngineConfig, FetchConfig
+from aiomm.config import EngineConfig
 from aiomm.engine import Engine
 from aiomm.fetch import MediaFetcher
 from aiomm.logging import get_logger
@@ -54,6 +54,7 @@ class ServerConfig:
     max_body_bytes: int = 64 << 20
     limits: RenderLimits = field(default_factory=RenderLimits)
     allowed_local_media_path: str | None = None
+    #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None
 
 
@@ -78,14 +79,11 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     folder = Path(config.model)
     engine_cfg = config.engine or EngineConfig(device="cpu", torch_threads=1)
     if not engine_cfg.return_items:
-        from dataclasses import replace
-
         engine_cfg = replace(engine_cfg, return_items=True)
     root = config.allowed_local_media_path
-    fetch_cfg = FetchConfig(
-        max_bytes=engine_cfg.fetch.max_bytes,
-        allowed_local_root=Path(root) if root else None,
-    )
+    fetch_cfg = engine_cfg.fetch
+    if root:
+        fetch_cfg = replace(fetch_cfg, allowed_local_root=Path(root))
     base = Engine.from_pretrained(folder, engine_cfg)
     engine = Engine(
         base.processor,
