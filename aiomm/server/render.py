@@ -8,6 +8,7 @@ under the allowed root), hashed as vLLM hashes them (:mod:`.mm_hash`) and proces
 
 from __future__ import annotations
 
+import binascii
 import io
 import secrets
 import threading
@@ -19,10 +20,11 @@ import anyio
 import numpy as np
 import orjson
 import PIL.Image
+import pybase64
 import torch
 
 from aiomm.engine import Engine
-from aiomm.errors import AiommError, DecodeError
+from aiomm.errors import AiommError, DecodeError, DownloadTooLargeError, InvalidSourceError
 from aiomm.fetch import MediaFetcher
 from aiomm.processing.fields import (
     FieldKind,
@@ -107,9 +109,38 @@ class RenderService:
 
     async def _image_bytes(self, part: ImagePart) -> bytes:
         try:
+            if part.url[:5].lower() == "data:":
+                return self._data_url(part.url)
             return await self.fetcher.fetch(part.url)
         except AiommError as exc:
             raise from_aiomm_error(exc) from exc
+
+    def _data_url(self, url: str) -> bytes:
+        """A base64 ``data:`` URL's bytes, decoded with SIMD base64 (the stdlib's validating
+        decoder costs ~6 ms per megabyte; this ~0.1 ms, so it stays on the loop).
+
+        :raises InvalidSourceError, DownloadTooLargeError: malformed, or above the size limit.
+        """
+        header, comma, payload = url[5:].partition(",")
+        shown = f"data:{header[:40]},..."
+        if not comma or header.rsplit(";", 1)[-1].strip().lower() != "base64":
+            raise InvalidSourceError(
+                "image data URLs must be data:<mime>;base64,<payload>", source=shown
+            )
+        limit = self.fetcher.config.max_bytes
+        if len(payload) // 4 * 3 > limit + 2:
+            raise DownloadTooLargeError(
+                f"data URL payload of about {len(payload) // 4 * 3} bytes is above the limit of "
+                f"{limit} bytes",
+                source=shown,
+            )
+        try:
+            return pybase64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidSourceError(
+                f"malformed base64 in the data URL's {len(payload)}-character payload: {exc}",
+                source=shown,
+            ) from exc
 
     def _hash(self, data: bytes) -> str:
         try:
