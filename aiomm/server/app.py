@@ -165,7 +165,6 @@ def create_app(config: ServerConfig) -> Starlette:
     ) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             t0 = time.perf_counter()
-            status = 500
             try:
                 body = await body_of(request)
                 response: Response | None = None
@@ -191,10 +190,9 @@ def create_app(config: ServerConfig) -> Starlette:
                     tg.start_soon(watch)
                 if error is not None:
                     raise error
-                if response is None:
-                    status = 499
+                if response is None:  # the client left first: 499, as nginx logs it
                     log.info("request_cancelled", endpoint=name)
-                    return Response(status_code=499)
+                    response = Response(status_code=499)
             except ApiError as exc:
                 state_ = holder.get("state")
                 if state_ is not None:

@@ -6,6 +6,7 @@ import base64
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,55 @@ def test_worker_config_round_trips() -> None:
         limits=RenderLimits(max_images=3),
     )
     assert _from_env(_to_env(config)) == config
+
+
+def test_client_disconnect_cancels_the_render(model_folder: Path) -> None:
+    release = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            release.wait(20)
+            try:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(JPEG)
+            except OSError:
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    engine = EngineConfig(device="cpu", fetch=FetchConfig(allow_loopback=True))
+    config = ServerConfig(
+        model=str(model_folder),
+        model_id=RECORDED_MODEL,
+        served_model_names=(RECORDED_MODEL,),
+        engine=engine,
+    )
+    try:
+        with LiveServer(config) as server:
+            url = f"http://127.0.0.1:{httpd.server_address[1]}/slow.jpg"
+            try:
+                httpx.post(server.url + CASE["path"], json=_body(url), timeout=0.5)
+                raise AssertionError("the slow image should not have arrived")
+            except httpx.ReadTimeout:
+                pass  # the client gives up and closes its connection
+            deadline = time.monotonic() + 10
+            text = ""
+            while time.monotonic() < deadline:
+                text = httpx.get(server.url + "/metrics").text
+                if 'endpoint="chat_render",status="499"' in text:
+                    break
+                time.sleep(0.1)
+            # the render ended while the image was still being fetched: its work was cancelled
+            assert 'endpoint="chat_render",status="499"' in text
+            assert not release.is_set()
+            r = httpx.post(server.url + CASE["path"], json=CASE["body"], timeout=60)
+            assert r.status_code == 200
+    finally:
+        release.set()
+        httpd.shutdown()
+        httpd.server_close()
