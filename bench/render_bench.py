@@ -1,12 +1,15 @@
 """Render-tier benchmark: ``aiomm serve`` against ``vllm launch render``, same load, one run.
 
-A seeded closed-loop HTTP load (``--n`` requests per level, each worker sending its next request
-when the previous one is answered) posts chat bodies with 1-2 images as ``data:`` URLs (JPEG q90,
-a mix of sizes, about ``--repeat-frac`` of the image slots repeating an earlier image) to
-``/v1/chat/completions/render`` at each ``--concurrency`` level. Every body is built before the
-clock starts; the client reads each response whole. Reported per server and level: images/s,
-latency p50/p99, the server's CPU ms per image and cores busy (utime+stime of the server process
-and its children from /proc, over the measured window), then aiomm/vLLM ratios.
+Both servers run side by side (idle, neither costs CPU) and each level is measured in
+interleaved rounds (aiomm, vLLM, then vLLM, aiomm), because this machine is shared and its other
+load changes by the minute. A seeded closed-loop HTTP load (``--n`` requests per level and round,
+each worker sending its next request when the previous one is answered) posts chat bodies with
+1-2 images as ``data:`` URLs (JPEG q90, a mix of sizes, about ``--repeat-frac`` of the image slots
+repeating an earlier image) to ``/v1/chat/completions/render`` at each ``--concurrency`` level.
+Every body is built before the clock starts; the client reads each response whole. Reported per
+server and level: images/s, latency p50/p99, the server's CPU ms per image and cores busy
+(utime+stime of the server process and its children from /proc, over the measured window), then
+aiomm/vLLM ratios.
 
     python bench/render_bench.py [--vllm-venv /tmp/vllm-venv] [--n 60] [--concurrency 8 32]
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import os
@@ -183,34 +187,74 @@ async def _drive(url: str, bodies: list[bytes], concurrency: int) -> tuple[list[
     return latencies, received
 
 
-def measure(name: str, url: str, pid: int, args: argparse.Namespace) -> list[LevelResult]:
-    out = []
+def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: int) -> LevelResult:
+    cpu0, t0, me0 = _cpu_s(pid), time.perf_counter(), time.process_time()
+    latencies, received = asyncio.run(_drive(url, bodies, c))
+    wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - cpu0
+    client_cpu = time.process_time() - me0
+    lat = np.array(latencies) * 1000
+    result = LevelResult(
+        name,
+        c,
+        len(bodies),
+        images,
+        round(wall, 2),
+        round(images / wall, 2),
+        round(float(np.percentile(lat, 50)), 1),
+        round(float(np.percentile(lat, 99)), 1),
+        round(cpu * 1000 / images, 1),
+        round(cpu / wall, 2),
+        round(received / 2**20, 1),
+        round(client_cpu, 2),
+    )
+    print(json.dumps(asdict(result)), flush=True)
+    return result
+
+
+def measure(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> list[LevelResult]:
+    """Every level on every server, interleaved: round r runs the servers in order, then in
+    reverse (ABBA), so a change in the machine's other load hits both alike. Each level and
+    round has its own seeded plan, the same for every server (no hits across levels)."""
     warm, _ = build_bodies(argparse.Namespace(**{**vars(args), "n": 2, "sizes": "320x240"}), 999)
-    asyncio.run(_drive(url, warm, 1))
+    for url, _pid in servers.values():
+        asyncio.run(_drive(url, warm, 1))
+    out = []
+    names = list(servers)
     for level, c in enumerate(args.concurrency):
-        bodies, images = build_bodies(args, args.seed + level)  # a fresh plan: no cross-level hits
-        cpu0, t0, me0 = _cpu_s(pid), time.perf_counter(), time.process_time()
-        latencies, received = asyncio.run(_drive(url, bodies, c))
-        wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - cpu0
-        client_cpu = time.process_time() - me0
-        lat = np.array(latencies) * 1000
+        for r in range(args.rounds):
+            bodies, images = build_bodies(args, args.seed + 1000 * level + r)
+            for name in names if r % 2 == 0 else reversed(names):
+                url, pid = servers[name]
+                out.append(_level(name, url, pid, c, bodies, images))
+    return out
+
+
+def _combine(results: list[LevelResult]) -> list[LevelResult]:
+    """One row per server and level: totals over its rounds (percentiles: the worst round's)."""
+    rows: dict[tuple[str, int], list[LevelResult]] = {}
+    for r in results:
+        rows.setdefault((r.server, r.concurrency), []).append(r)
+    out = []
+    for (server, c), rs in rows.items():
+        wall = sum(r.wall_s for r in rs)
+        images = sum(r.images for r in rs)
+        cpu_s = sum(r.server_cpu_ms_per_image * r.images for r in rs) / 1000
         out.append(
             LevelResult(
-                name,
+                server,
                 c,
-                len(bodies),
+                sum(r.requests for r in rs),
                 images,
                 round(wall, 2),
                 round(images / wall, 2),
-                round(float(np.percentile(lat, 50)), 1),
-                round(float(np.percentile(lat, 99)), 1),
-                round(cpu * 1000 / images, 1),
-                round(cpu / wall, 2),
-                round(received / 2**20, 1),
-                round(client_cpu, 2),
+                max(r.p50_ms for r in rs),
+                max(r.p99_ms for r in rs),
+                round(cpu_s * 1000 / images, 1),
+                round(cpu_s / wall, 2),
+                round(sum(r.mb_received for r in rs), 1),
+                round(sum(r.client_cpu_s for r in rs), 2),
             )
         )
-        print(json.dumps(asdict(out[-1])), flush=True)
     return out
 
 
@@ -258,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat-frac", type=float, default=0.25)
     parser.add_argument("--mm-payload", choices=["tensors", "none"], default="tensors")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per level")
     parser.add_argument("--workers", type=int, default=1, help="aiomm serve --workers")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -278,7 +323,6 @@ def main(argv: list[str] | None = None) -> int:
         "PYTHONHASHSEED": "0",
         "CUDA_VISIBLE_DEVICES": "",
     }
-    results: list[LevelResult] = []
     port = _free_port()
     aiomm = [
         str(Path(sys.executable).with_name("aiomm")),
@@ -289,35 +333,34 @@ def main(argv: list[str] | None = None) -> int:
         "--workers",
         str(args.workers),
     ]
-    with Server(aiomm, env, port, logs / "aiomm.log") as server:
-        results += measure(
-            "aiomm", server.url + "/v1/chat/completions/render", server.proc.pid, args
-        )
-    if args.vllm_venv:
-        port = _free_port()
-        vllm = [
-            f"{args.vllm_venv}/bin/vllm",
-            "launch",
-            "render",
-            str(folder),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--limit-mm-per-prompt",
-            '{"video": 0}',
-            "--disable-uvicorn-access-log",
-        ]
-        venv_env = {
-            **env,
-            "VLLM_TARGET_DEVICE": "cpu",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-        }
-        with Server(vllm, venv_env, port, logs / "vllm.log") as server:
-            results += measure(
-                "vllm", server.url + "/v1/chat/completions/render", server.proc.pid, args
-            )
+    with contextlib.ExitStack() as stack:
+        started = stack.enter_context(Server(aiomm, env, port, logs / "aiomm.log"))
+        servers = {"aiomm": (started.url + "/v1/chat/completions/render", started.proc.pid)}
+        if args.vllm_venv:
+            port = _free_port()
+            vllm = [
+                f"{args.vllm_venv}/bin/vllm",
+                "launch",
+                "render",
+                str(folder),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--limit-mm-per-prompt",
+                '{"video": 0}',
+                "--disable-uvicorn-access-log",
+            ]
+            venv_env = {
+                **env,
+                "VLLM_TARGET_DEVICE": "cpu",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+            }
+            started = stack.enter_context(Server(vllm, venv_env, port, logs / "vllm.log"))
+            servers["vllm"] = (started.url + "/v1/chat/completions/render", started.proc.pid)
+        raw = measure(servers, args)
+    results = _combine(raw)
     load = os.getloadavg()
     print(
         f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
@@ -340,7 +383,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"p50 x{a.p50_ms / v.p50_ms:.2f}"
             )
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+        args.json.write_text(
+            json.dumps(
+                {"combined": [asdict(r) for r in results], "rounds": [asdict(r) for r in raw]},
+                indent=1,
+            )
+        )
     return 0
 
 
