@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -193,6 +193,8 @@ def create_app(config: ServerConfig) -> Starlette:
                 if response is None:  # the client left first: 499, as nginx logs it
                     log.info("request_cancelled", endpoint=name)
                     response = Response(status_code=499)
+            except ClientDisconnect:  # gone while sending its body
+                response = Response(status_code=499)
             except ApiError as exc:
                 state_ = holder.get("state")
                 if state_ is not None:

@@ -1,9 +1,14 @@
 """Record the golden interop fixtures from vLLM 0.33's own render server.
 
 Not a test: run it by hand against ``vllm launch render /tmp/vllm-probe/qwen2vl`` (see
-``shared/vllm_render/launch.sh``; PYTHONHASHSEED=0 fixes the key order inside msgpack items)::
+``shared/vllm_render/launch.sh``; PYTHONHASHSEED=0 fixes the key order inside msgpack items;
+the processor cache off, so every item's flat-field slices come from its own request)::
 
-    python tests/server/record_fixtures.py --url http://127.0.0.1:18100
+    PORT=18115 MM_CACHE_GB=0 shared/vllm_render/launch.sh start
+    python tests/server/record_fixtures.py --url http://127.0.0.1:18115
+
+The recorded fixtures came from vLLM 0.33.0 (the ``shared/vllm_probe`` environment) on
+2026-12-01.
 
 Each case is written as ``fixtures/<case>.json``: ``{"path", "body", "status", "response"}``.
 Images are small and seeded, embedded in the bodies as data URLs (the bytes the hashes cover).
