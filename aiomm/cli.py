@@ -71,6 +71,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--shared-cache", metavar="URL", help="Redis item cache shared by replicas (redis://...)"
     )
+    serve = sub.add_parser("serve", help="vLLM's render API and an OpenAI gateway over HTTP")
+    serve.add_argument("model", help="model folder (config, processor, tokenizer, template)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--upstream", help="URL of `vllm serve --tokens-only` (gateway mode)")
+    serve.add_argument("--workers", type=int, default=1, help="server processes")
+    serve.add_argument("--served-model-name", nargs="*", default=[], help="names clients use")
+    serve.add_argument(
+        "--model-id", help="id items are hashed with: the path vLLM was given (default: model)"
+    )
+    serve.add_argument("--allowed-local-media-path", help="file: URLs allowed under this folder")
+    serve.add_argument("--max-images", type=int, default=16, help="images per request")
+    serve.add_argument("--max-body-mb", type=int, default=64)
+    serve.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
     sub.add_parser(
         "bench", add_help=False, help="streaming benchmark (bench/stream_bench/; --help)"
     )
@@ -85,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bench(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "serve":
+        return _serve(args)
     configure_logging(level="WARNING")
     with tempfile.TemporaryDirectory(prefix="aiomm-run-") as tmp:
         sources = _expand_sources(args.sources)
@@ -101,6 +117,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             root = Path(Path.cwd().anchor)
         output = args.output or Path(tempfile.gettempdir()) / "aiomm-run-results.jsonl"
         return anyio.run(_run, args, sources, root, output, backend_options=_backend())
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """``aiomm serve``: needs the ``serve`` extra."""
+    try:
+        from aiomm.server import ServerConfig
+        from aiomm.server.render import RenderLimits
+        from aiomm.server.serve import serve
+    except ImportError as exc:
+        print(f"aiomm serve needs the serve extra: pip install 'aiomm[serve]' ({exc})")
+        return 2
+    if not Path(args.model).is_dir():
+        print(f"aiomm serve: {args.model} is not a model folder")
+        return 2
+    configure_logging(level="INFO", json=True)  # one JSON line per request
+    config = ServerConfig(
+        model=args.model,
+        model_id=args.model_id,
+        served_model_names=tuple(args.served_model_name),
+        upstream=args.upstream,
+        max_body_bytes=args.max_body_mb << 20,
+        limits=RenderLimits(max_images=args.max_images, timeout_s=args.request_timeout),
+        allowed_local_media_path=args.allowed_local_media_path,
+    )
+    serve(config, host=args.host, port=args.port, workers=args.workers)
+    return 0
 
 
 def _bench(argv: list[str]) -> int:

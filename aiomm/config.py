@@ -305,6 +305,10 @@ class EngineConfig:
     #: key items by ``Request.image_hashes`` when given (a hit skips the download); False hashes
     #: every image's content instead, for callers that do not trust their clients
     trust_supplied_hashes: bool = True
+    #: hand back each item as processed (``Result.items``: uint8 rows where the device
+    #: normalises) and skip the device stage, leaving ``Result.mm_kwargs`` empty; for render
+    #: tiers that ship items to a remote model engine
+    return_items: bool = False
     fetch: FetchConfig = field(default_factory=FetchConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     processing: MultiModalConfig = field(default_factory=MultiModalConfig)

@@ -229,6 +229,7 @@ class Engine:
             ),
             assemble=AssembleStage(self.processor),
             output=OutputStage(self.device),
+            return_items=cfg.return_items,
         )
         log.info("engine_open", adapter=self.adapter_id, transform=self.processor.transform,
                  normalize=self._normalize_mode, device=str(self.device.device))  # fmt: skip

@@ -57,6 +57,7 @@ class Pipeline:
         transform: TransformStage,
         assemble: AssembleStage,
         output: OutputStage,
+        return_items: bool = False,
     ) -> None:
         self.load = load
         self.hash = hash
@@ -64,6 +65,7 @@ class Pipeline:
         self.transform = transform
         self.assemble = assemble
         self.output = output
+        self.return_items = return_items
         self.stages = (load, hash, cache, transform, assemble, output)
 
     async def run(
@@ -124,15 +126,18 @@ class Pipeline:
         processed = self.assemble.assemble(prompt_ids, loaded, kwargs)  # type: ignore[arg-type]
         timings["assemble"] = time.perf_counter() - t
 
-        t = time.perf_counter()
-        merged = await (self.output.run if device else self.output.run_host)(processed)
-        timings["device"] = time.perf_counter() - t
+        merged: dict[str, Any] = {}
+        if not self.return_items:
+            t = time.perf_counter()
+            merged = await (self.output.run if device else self.output.run_host)(processed)
+            timings["device"] = time.perf_counter() - t
         return Result(
             request_id=rid,
             prompt_token_ids=processed.prompt_token_ids,
             mm_placeholders=processed.mm_placeholders,
             mm_kwargs=merged,
             item_hashes=[it.key for it in items],
+            items=list(loaded) if self.return_items else [],  # type: ignore[arg-type]
             cache=[it.outcome for it in items],
             timings=timings,
         )

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from aiomm.errors import AiommError
     from aiomm.item_cache import CacheOutcome
+    from aiomm.processing.fields import MultiModalKwargsItem
     from aiomm.processing.placeholders import PlaceholderRange
 
 __all__ = ("Request", "Result")
@@ -74,6 +75,8 @@ class Result:
     #: ``pixel_values`` (normalised, ``visual_dtype``, on the engine's device) and grid metadata
     mm_kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
     item_hashes: list[str] = field(default_factory=list)
+    #: each item as processed, in request order (only with ``EngineConfig.return_items``)
+    items: list[MultiModalKwargsItem] = field(default_factory=list)
     cache: list[CacheOutcome] = field(default_factory=list)
     #: seconds spent per stage (summed over items where a stage runs per item)
     timings: dict[str, float] = field(default_factory=dict)

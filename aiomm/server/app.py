@@ -1,0 +1,345 @@
+"""The ASGI application of ``aiomm serve``: vLLM's render API, OpenAI gateway routes, health,
+models, tokenize and Prometheus metrics (Starlette).
+
+:func:`create_app` builds it for a model folder; mount it in an existing ASGI gateway with
+``Mount("/render", app=create_app(...))`` (its lifespan opens the engine, so the parent must run
+sub-app lifespans, or call :func:`open_state` itself). Bodies are parsed and responses encoded
+with orjson; bad input is a 4xx OpenAI error body and never disturbs other requests; a client
+that disconnects cancels its request's work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from aiomm.config import EngineConfig
+from aiomm.engine import Engine
+from aiomm.fetch import MediaFetcher
+from aiomm.logging import get_logger
+
+from .content import parse_anthropic, parse_chat, parse_responses
+from .errors import ApiError
+from .gateway import Upstream
+from .media import VllmDecoder
+from .metrics import ServerMetrics
+from .render import RenderLimits, RenderService
+from .sampling import SamplingDefaults
+
+__all__ = ("ServerConfig", "create_app")
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What ``aiomm serve`` configures."""
+
+    model: str
+    #: the model id vLLM hashes items with: the model path as given to vLLM (default: ``model``)
+    model_id: str | None = None
+    served_model_names: tuple[str, ...] = ()
+    upstream: str | None = None
+    max_body_bytes: int = 64 << 20
+    limits: RenderLimits = field(default_factory=RenderLimits)
+    allowed_local_media_path: str | None = None
+    #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
+    engine: EngineConfig | None = None
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+class _State:
+    """Everything a running app holds (opened by the lifespan)."""
+
+    service: RenderService
+    upstream: Upstream | None
+    metrics: ServerMetrics
+    engine: Engine
+
+
+@contextlib.asynccontextmanager
+async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
+    """Open the engine, fetcher and upstream client of ``config``; close them on exit."""
+    from transformers import AutoTokenizer
+
+    folder = Path(config.model)
+    engine_cfg = config.engine or EngineConfig(device="cpu", torch_threads=1)
+    if not engine_cfg.return_items:
+        engine_cfg = replace(engine_cfg, return_items=True)
+    root = config.allowed_local_media_path
+    fetch_cfg = engine_cfg.fetch
+    if root:
+        fetch_cfg = replace(fetch_cfg, allowed_local_root=Path(root))
+    base = Engine.from_pretrained(folder, engine_cfg)
+    engine = Engine(
+        base.processor,
+        engine_cfg,
+        adapter_id=base.adapter_id,
+        decoder=VllmDecoder(engine_cfg.decode),
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    state = _State()
+    state.metrics = ServerMetrics()
+    state.engine = engine
+    async with contextlib.AsyncExitStack() as stack:
+        fetcher = await stack.enter_async_context(MediaFetcher(fetch_cfg))
+        await stack.enter_async_context(engine)
+        state.service = RenderService(
+            engine,
+            tokenizer,
+            model_id=config.model_id or config.model,
+            served_names=config.served_model_names or (config.model,),
+            defaults=SamplingDefaults.from_folder(folder),
+            fetcher=fetcher,
+            limits=config.limits,
+        )
+        state.upstream = Upstream(config.upstream, tokenizer) if config.upstream else None
+        if state.upstream is not None:
+            stack.push_async_callback(state.upstream.aclose)
+        log.info("server_open", model=config.model, upstream=config.upstream)
+        yield state
+
+
+async def _until_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def create_app(config: ServerConfig) -> Starlette:
+    """The ASGI app for ``config`` (see the module docstring)."""
+    holder: dict[str, _State] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_state(config) as state:
+            holder["state"] = state
+            yield
+            holder.clear()
+
+    def state() -> _State:
+        if "state" not in holder:
+            raise ApiError("the server is starting or stopping", status=503)
+        return holder["state"]
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        size = int(request.headers.get("content-length") or 0)
+        if size > config.max_body_bytes:
+            raise ApiError(
+                f"request body of {size} bytes is above the limit of {config.max_body_bytes}",
+                status=413,
+            )
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > config.max_body_bytes:
+                raise ApiError(
+                    f"request body above the limit of {config.max_body_bytes} bytes", status=413
+                )
+        state().metrics.bytes_in.inc(len(raw))
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(f"malformed JSON body: {exc}") from exc
+        if not isinstance(body, dict):
+            raise ApiError("the JSON body must be an object")
+        return body
+
+    def endpoint(
+        name: str, handler: Callable[[Request, dict[str, Any]], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            t0 = time.perf_counter()
+            try:
+                body = await body_of(request)
+                response: Response | None = None
+                error: ApiError | None = None
+                async with anyio.create_task_group() as tg:
+
+                    async def work() -> None:
+                        nonlocal response, error
+                        try:
+                            response = await handler(request, body)
+                        except ApiError as exc:
+                            error = exc
+                        except Exception as exc:  # a bug: answer 500, keep serving
+                            log.exception("request_crashed", endpoint=name)
+                            error = ApiError(f"internal error: {type(exc).__name__}", status=500)
+                        tg.cancel_scope.cancel()
+
+                    async def watch() -> None:
+                        await _until_disconnect(request)
+                        tg.cancel_scope.cancel()  # the client left: drop its work
+
+                    tg.start_soon(work)
+                    tg.start_soon(watch)
+                if error is not None:
+                    raise error
+                if response is None:  # the client left first: 499, as nginx logs it
+                    log.info("request_cancelled", endpoint=name)
+                    response = Response(status_code=499)
+            except ClientDisconnect:  # gone while sending its body
+                response = Response(status_code=499)
+            except ApiError as exc:
+                state_ = holder.get("state")
+                if state_ is not None:
+                    state_.metrics.errors.labels(exc.type).inc()
+                response = _json(exc.body(), exc.status)
+            status = response.status_code
+            seconds = time.perf_counter() - t0
+            metrics = holder["state"].metrics if "state" in holder else None
+            if metrics is not None:
+                metrics.requests.labels(name, str(status)).inc()
+                metrics.latency.labels(name).observe(seconds)
+                if not isinstance(response, StreamingResponse):
+                    metrics.bytes_out.inc(len(response.body))
+            log.info("request", endpoint=name, status=status, ms=round(seconds * 1000, 2))
+            return response
+
+        return run
+
+    async def _render(
+        body: dict[str, Any], parse: Callable[[dict[str, Any]], Any], **kwargs: Any
+    ) -> dict[str, Any]:
+        s = state()
+        rendered = await s.service.render(parse(body), body, **kwargs)
+        s.metrics.images.inc(rendered.images)
+        s.metrics.cache.labels("hit").inc(rendered.cache_hits)
+        s.metrics.cache.labels("miss").inc(rendered.images - rendered.cache_hits)
+        s.metrics.observe_timings(rendered.timings)
+        return rendered.response
+
+    async def chat_render(request: Request, body: dict[str, Any]) -> Response:
+        return _json(
+            await _render(body, parse_chat, id_prefix="chatcmpl-", with_parse_context="none")
+        )
+
+    async def responses_render(request: Request, body: dict[str, Any]) -> Response:
+        return _json(
+            await _render(
+                body,
+                parse_responses,
+                id_prefix="resp_",
+                with_parse_context=None,
+                extra_args=True,
+                max_tokens_key=("max_output_tokens",),
+            )
+        )
+
+    async def messages_render(request: Request, body: dict[str, Any]) -> Response:
+        return _json(
+            await _render(body, parse_anthropic, id_prefix="chatcmpl-", with_parse_context="null")
+        )
+
+    async def completions_render(request: Request, body: dict[str, Any]) -> Response:
+        return _json(state().service.render_text(body))
+
+    async def tokenize(request: Request, body: dict[str, Any]) -> Response:
+        s = state().service
+        s.check_model(body)
+        if "messages" in body:
+            parsed = parse_chat(body)
+            ids = s.chat.render(
+                parsed.conversation,
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            )
+        elif isinstance(body.get("prompt"), str):
+            ids = s.chat.encode(body["prompt"])
+        else:
+            raise ApiError("give 'prompt' or 'messages'", param="prompt")
+        return _json(
+            {
+                "count": len(ids),
+                "max_model_len": s.defaults.max_model_len,
+                "tokens": ids,
+                "token_strs": None,
+            }
+        )
+
+    async def gateway(request: Request, body: dict[str, Any], *, chat: bool) -> Response:
+        s = state()
+        if s.upstream is None:
+            raise ApiError("this server has no --upstream; use the /render endpoints", status=404)
+        if chat:
+            gen = await _render(body, parse_chat, id_prefix="chatcmpl-", with_parse_context="none")
+        else:
+            gens = s.service.render_text(body)
+            if len(gens) != 1:
+                raise ApiError(
+                    "the gateway takes one prompt per completion request", param="prompt"
+                )
+            gen = gens[0]
+        model = str(body.get("model") or s.service.served_names[0])
+        if body.get("stream"):
+            return StreamingResponse(
+                s.upstream.stream(gen, chat=chat, model=model), media_type="text/event-stream"
+            )
+        return _json(await s.upstream.complete(gen, chat=chat, model=model))
+
+    async def chat_completions(request: Request, body: dict[str, Any]) -> Response:
+        return await gateway(request, body, chat=True)
+
+    async def completions(request: Request, body: dict[str, Any]) -> Response:
+        return await gateway(request, body, chat=False)
+
+    async def models(request: Request) -> Response:
+        names = config.served_model_names or (config.model,)
+        created = int(time.time())
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": n,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "aiomm",
+                        "root": config.model,
+                        "parent": None,
+                        "max_model_len": state().service.defaults.max_model_len,
+                    }
+                    for n in names
+                ],
+            }
+        )
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200 if "state" in holder else 503)
+
+    async def metrics(request: Request) -> Response:
+        s = holder.get("state")
+        if s is None:
+            return Response(status_code=503)
+        return Response(s.metrics.render(s.engine.stats()), media_type="text/plain; version=0.0.4")
+
+    def post(path: str, name: str, handler: Any) -> Route:
+        return Route(path, endpoint(name, handler), methods=["POST"])
+
+    routes = [
+        post("/v1/chat/completions/render", "chat_render", chat_render),
+        post("/v1/responses/render", "responses_render", responses_render),
+        post("/v1/messages/render", "messages_render", messages_render),
+        post("/v1/completions/render", "completions_render", completions_render),
+        post("/tokenize", "tokenize", tokenize),
+        post("/v1/chat/completions", "chat_completions", chat_completions),
+        post("/v1/completions", "completions", completions),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

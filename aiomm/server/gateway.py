@@ -1,0 +1,173 @@
+"""Gateway mode: a rendered ``GenerateRequest`` -> the upstream's ``/inference/v1/generate``
+(``vllm serve --tokens-only``) -> an OpenAI chat or completion response, or its SSE stream.
+
+Generated token ids are detokenized with the model's tokenizer (incrementally when streaming, a
+chunk's text being what the growing decode added). Cancelling the caller closes the upstream
+connection, which makes vLLM abort the request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+
+from .errors import ApiError
+
+__all__ = ("Upstream",)
+
+
+class Upstream:
+    """An HTTP client for one upstream engine."""
+
+    def __init__(self, base_url: str, tokenizer: Any, *, timeout_s: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.tokenizer = tokenizer
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0)
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    @staticmethod
+    def _usage(prompt: int, completion: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    async def complete(self, gen: dict[str, Any], *, chat: bool, model: str) -> dict[str, Any]:
+        """A non-streaming OpenAI response for ``gen``.
+
+        :raises ApiError: 502 when the upstream fails or answers malformed JSON.
+        """
+        gen = {**gen, "stream": False}
+        try:
+            resp = await self.client.post(
+                "/inference/v1/generate",
+                content=orjson.dumps(gen),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.HTTPError as exc:
+            raise ApiError(f"upstream unreachable: {type(exc).__name__}", status=502) from exc
+        if resp.status_code != 200:
+            raise ApiError(
+                f"upstream answered {resp.status_code}: {resp.text[:300]}",
+                status=502 if resp.status_code >= 500 else resp.status_code,
+            )
+        try:
+            out = orjson.loads(resp.content)
+            choice = out["choices"][0]
+            ids = list(choice.get("token_ids") or [])
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            raise ApiError("upstream answered malformed JSON", status=502) from exc
+        text = self._decode(ids)
+        finish = choice.get("finish_reason") or "stop"
+        created = int(time.time())
+        rid = gen["request_id"]
+        usage = self._usage(len(gen["token_ids"]), len(ids))
+        if chat:
+            return {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": finish,
+                        "logprobs": None,
+                        "message": {"role": "assistant", "content": text},
+                    }
+                ],
+                "usage": usage,
+            }
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            "usage": usage,
+        }
+
+    async def stream(self, gen: dict[str, Any], *, chat: bool, model: str) -> AsyncIterator[bytes]:
+        """OpenAI SSE events for ``gen``; an upstream failure ends the stream with an error event.
+
+        Leaving the iteration early (a client that disconnected) closes the upstream stream.
+        """
+        gen = {**gen, "stream": True}
+        rid, created = gen["request_id"], int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        ids: list[int] = []
+        sent = ""
+
+        def event(delta: str | None, finish: str | None, *, role: bool = False) -> bytes:
+            if chat:
+                d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+                if delta:
+                    d["content"] = delta
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "delta": d,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            else:
+                choice = {
+                    "index": 0,
+                    "text": delta or "",
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            obj = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+        if chat:
+            yield event(None, None, role=True)
+        try:
+            async with self.client.stream(
+                "POST",
+                "/inference/v1/generate",
+                content=orjson.dumps(gen),
+                headers={"content-type": "application/json"},
+            ) as resp:
+                if resp.status_code != 200:
+                    body = (await resp.aread())[:300].decode(errors="replace")
+                    raise ApiError(f"upstream answered {resp.status_code}: {body}", status=502)
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = orjson.loads(payload)
+                    choice = chunk["choices"][0]
+                    ids.extend(choice.get("token_ids") or [])
+                    text = self._decode(ids)
+                    # hold back a trailing replacement char: a multi-byte character is unfinished
+                    stable = text[:-1] if text.endswith("\ufffd") else text
+                    delta, sent = stable[len(sent) :], stable if stable.startswith(sent) else sent
+                    finish = choice.get("finish_reason")
+                    if delta or finish:
+                        yield event(delta, finish)
+        except ApiError as exc:
+            yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+        except (httpx.HTTPError, orjson.JSONDecodeError, KeyError, IndexError) as exc:
+            err = ApiError(f"upstream stream failed: {type(exc).__name__}", status=502)
+            yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
+        yield b"data: [DONE]\n\n"

@@ -1,0 +1,102 @@
+"""Decoding encoded images the way vLLM's media loader does (``ImageMediaIO.load_bytes``).
+
+The rule, for encoded bytes handed to a render server: the EXIF orientation is applied (a phone's
+rotated JPEG comes out upright); an image with transparency (RGBA, LA, PA, or a ``tRNS`` key in
+P/L/RGB) is composited on white; every other mode goes through Pillow's ``convert("RGB")``, so
+16-bit greyscale is *clipped* at 255 and palettes are expanded. aiomm's default decoder
+(:mod:`aiomm.decode`) keeps HF's semantics instead (no EXIF, 16-bit scaled); a PIL image or array
+given to ``Engine.process`` is never decoded here.
+
+:class:`VllmDecoder` is a :class:`~aiomm.stages.transform.Decoder`: pass it to ``Engine(...,
+decoder=...)``. :func:`converts_mode` tells whether decoding changes the image mode, which vLLM
+folds into the item's hash (see :mod:`aiomm.server.mm_hash`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import numpy as np
+import PIL.Image
+import PIL.ImageOps
+
+from aiomm.config import DecodeConfig
+from aiomm.decode import probe_image_size
+from aiomm.errors import DecodeError, ImageTooLargeError
+
+__all__ = ("VllmDecoder", "converts_mode", "load_image")
+
+_ALPHA_MODES = frozenset({"RGBA", "LA", "PA"})
+_ORIENTATION_TAG = 0x0112
+#: EXIF orientations that move pixels (1 is upright)
+_TRANSPOSED = frozenset(range(2, 9))
+
+
+def _orientation(image: PIL.Image.Image) -> int:
+    try:
+        return int(image.getexif().get(_ORIENTATION_TAG, 1))
+    except Exception:  # malformed EXIF: treated as upright, as vLLM's suppressed error does
+        return 1
+
+
+def _has_transparency(image: PIL.Image.Image) -> bool:
+    return image.mode in _ALPHA_MODES or "transparency" in image.info
+
+
+def converts_mode(image: PIL.Image.Image) -> bool:
+    """Whether vLLM's loader changes ``image``'s mode (it then hashes its io config too)."""
+    return image.mode != "RGB" or _has_transparency(image)
+
+
+def _to_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
+    if _has_transparency(image):
+        rgba = image if image.mode == "RGBA" else image.convert("RGBA")
+        out = PIL.Image.new("RGB", rgba.size, (255, 255, 255))
+        out.paste(rgba, mask=rgba.getchannel("A"))
+        return out
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def load_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, bool]:
+    """Decode ``data`` as vLLM does: ``(H x W x 3 uint8 array, mode converted)``.
+
+    :raises DecodeError: empty, corrupt, truncated or unsupported image data.
+    :raises ImageTooLargeError: ``width * height`` above ``max_pixels`` (checked from the header).
+    """
+    probe_image_size(data, max_pixels)  # header, pixel limit and typed errors
+    try:
+        image = PIL.Image.open(io.BytesIO(data))
+        image.load()
+        if _orientation(image) in _TRANSPOSED:
+            with contextlib.suppress(Exception):  # vLLM ignores malformed EXIF the same way
+                image = PIL.ImageOps.exif_transpose(image)
+        # (exif_transpose copies an upright image unchanged; skipping that changes no pixel)
+        converted = converts_mode(image)
+        rgb = _to_rgb(image)
+    except (ImageTooLargeError, MemoryError):
+        raise
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError on bad data
+        raise DecodeError(
+            f"cannot decode the image ({len(data)} bytes): {type(exc).__name__}: {exc}"[:200]
+        ) from exc
+    return np.asarray(rgb), converted
+
+
+class VllmDecoder:
+    """A thread-safe decoder with vLLM's loading rule (see the module docstring)."""
+
+    def __init__(self, config: DecodeConfig | None = None) -> None:
+        self.config = config or DecodeConfig()
+
+    def probe(self, data: bytes) -> tuple[int, int]:
+        """``(width, height)`` after the EXIF orientation is applied.
+
+        :raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image_size`.
+        """
+        width, height = probe_image_size(data, self.config.max_pixels)
+        return width, height  # a transpose keeps the pixel count, all the budget needs
+
+    def decode(self, data: bytes) -> np.ndarray:
+        """:raises DecodeError, ImageTooLargeError: see :func:`load_image`."""
+        return load_image(data, max_pixels=self.config.max_pixels)[0]

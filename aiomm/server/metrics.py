@@ -1,0 +1,69 @@
+"""Prometheus metrics of one server process (its own registry, so several apps can coexist)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ("ServerMetrics",)
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    """Request, stage, cache, byte and error metrics; engine queues are read at scrape time."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "aiomm_requests", "Requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "aiomm_request_seconds",
+            "Request latency by endpoint",
+            ["endpoint"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "aiomm_stage_seconds",
+            "Per-request time in each engine stage",
+            ["stage"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.images = Counter("aiomm_images", "Images rendered", registry=r)
+        self.cache = Counter("aiomm_cache_items", "Item cache outcomes", ["outcome"], registry=r)
+        self.bytes_in = Counter("aiomm_bytes_in", "Request body bytes", registry=r)
+        self.bytes_out = Counter("aiomm_bytes_out", "Response body bytes", registry=r)
+        self.errors = Counter("aiomm_errors", "Errors by type", ["type"], registry=r)
+        self.queue = Gauge(
+            "aiomm_queue_in_use", "Slots in use per engine queue", ["queue"], registry=r
+        )
+        self.waiting = Gauge(
+            "aiomm_queue_waiting", "Tasks waiting per engine queue", ["queue"], registry=r
+        )
+        self.cache_total = Gauge(
+            "aiomm_cache_events_total_engine",
+            "Engine cache hits, misses and joins since start",
+            ["event"],
+            registry=r,
+        )
+
+    def observe_timings(self, timings: dict[str, float]) -> None:
+        for stage, seconds in timings.items():
+            self.stage.labels(stage).observe(seconds)
+
+    def render(self, engine_stats: Any | None) -> bytes:
+        """The exposition text, with the engine's queues and cache refreshed."""
+        if engine_stats is not None:
+            for name, q in engine_stats.queues.items():
+                self.queue.labels(name).set(q.in_use)
+                self.waiting.labels(name).set(q.waiting)
+            cache = engine_stats.cache
+            for event in ("hits", "misses", "joins"):
+                value = getattr(cache, event, None)
+                if isinstance(value, int):
+                    self.cache_total.labels(event).set(value)
+        return generate_latest(self.registry)

@@ -1,0 +1,420 @@
+"""The render service: a parsed request -> vLLM's ``GenerateRequest`` JSON object.
+
+Images are fetched (``data:`` URLs decoded, ``http(s)`` through the SSRF-guarded fetcher, ``file:``
+under the allowed root), hashed as vLLM hashes them (:mod:`.mm_hash`) and processed by the engine
+(decoded with vLLM's rule, :mod:`.media`); each item is then written in vLLM's msgpack layout
+(:mod:`.kwargs_codec`). A client ``uuid`` is the item's mm_hash and its cache key, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import binascii
+import io
+import secrets
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import numpy as np
+import orjson
+import PIL.Image
+import pybase64
+import torch
+
+from aiomm.engine import Engine
+from aiomm.errors import AiommError, DecodeError, DownloadTooLargeError, InvalidSourceError
+from aiomm.fetch import MediaFetcher
+from aiomm.processing.fields import (
+    FieldKind,
+    MultiModalFieldConfig,
+    MultiModalKwargsItem,
+    Repeat,
+)
+from aiomm.types import Request
+
+from .chat_template import ChatRenderer
+from .content import ImagePart, Parsed
+from .errors import ApiError, from_aiomm_error
+from .kwargs_codec import Field, encode_item_b64
+from .media import converts_mode
+from .mm_hash import image_mm_hash
+from .sampling import SamplingDefaults, derive
+
+__all__ = ("RenderLimits", "RenderService", "Rendered")
+
+#: keys vLLM keeps on the CPU (sent again as ``mm_metadata``)
+_KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw"})
+#: wire order of an item's keys (vLLM's with PYTHONHASHSEED=0); other keys follow
+_KEY_ORDER = ("pixel_values", "image_grid_thw")
+_HASH_ON_LOOP_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class RenderLimits:
+    """Per-request limits of the server."""
+
+    max_images: int = 16
+    timeout_s: float = 120.0
+
+
+@dataclass
+class Rendered:
+    """One rendered request: the response object and what metrics count."""
+
+    response: dict[str, Any]
+    images: int
+    cache_hits: int
+    #: seconds per engine stage
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class RenderService:
+    """Turns chat, Responses, Anthropic and completion requests into ``GenerateRequest``s."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        served_names: Sequence[str],
+        defaults: SamplingDefaults,
+        fetcher: MediaFetcher,
+        limits: RenderLimits | None = None,
+    ) -> None:
+        self.engine = engine
+        self.chat = ChatRenderer(tokenizer)
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.served_names = tuple(served_names)
+        self.defaults = defaults
+        self.fetcher = fetcher
+        self.limits = limits or RenderLimits()
+
+    # ------------------------------------------------------------------ helpers
+
+    def check_model(self, body: dict[str, Any]) -> str:
+        """The served name of the request's model (the first when none is given).
+
+        :raises ApiError: 404 for an unknown model.
+        """
+        model = body.get("model")
+        if model is None:
+            return self.served_names[0]
+        if model not in self.served_names:
+            raise ApiError(f"The model `{model}` does not exist.", status=404, param="model")
+        return str(model)
+
+    async def _image_bytes(self, part: ImagePart) -> bytes:
+        try:
+            if part.url[:5].lower() == "data:":
+                return self._data_url(part.url)
+            return await self.fetcher.fetch(part.url)
+        except AiommError as exc:
+            raise from_aiomm_error(exc) from exc
+
+    def _data_url(self, url: str) -> bytes:
+        """A base64 ``data:`` URL's bytes, decoded with SIMD base64 (the stdlib's validating
+        decoder costs ~6 ms per megabyte; this ~0.1 ms, so it stays on the loop).
+
+        :raises InvalidSourceError, DownloadTooLargeError: malformed, or above the size limit.
+        """
+        header, comma, payload = url[5:].partition(",")
+        shown = f"data:{header[:40]},..."
+        if not comma or header.rsplit(";", 1)[-1].strip().lower() != "base64":
+            raise InvalidSourceError(
+                "image data URLs must be data:<mime>;base64,<payload>", source=shown
+            )
+        limit = self.fetcher.config.max_bytes
+        if len(payload) // 4 * 3 > limit + 2:
+            raise DownloadTooLargeError(
+                f"data URL payload of about {len(payload) // 4 * 3} bytes is above the limit of "
+                f"{limit} bytes",
+                source=shown,
+            )
+        try:
+            return pybase64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidSourceError(
+                f"malformed base64 in the data URL's {len(payload)}-character payload: {exc}",
+                source=shown,
+            ) from exc
+
+    def _hash(self, data: bytes) -> str:
+        try:
+            with PIL.Image.open(io.BytesIO(data)) as image:
+                converted = converts_mode(image)
+        except Exception as exc:
+            raise from_aiomm_error(
+                DecodeError(f"not a recognised image ({len(data)} bytes): {type(exc).__name__}")
+            ) from exc
+        return image_mm_hash(data, self.model_id, mode_converted=converted)
+
+    async def _mm_hash(self, data: bytes) -> str:
+        if len(data) < _HASH_ON_LOOP_BYTES:
+            return self._hash(data)
+        return await anyio.to_thread.run_sync(self._hash, data)
+
+    # ------------------------------------------------------------------ render
+
+    async def render(
+        self,
+        parsed: Parsed,
+        body: dict[str, Any],
+        *,
+        id_prefix: str,
+        with_parse_context: str | None,
+        extra_args: bool = False,
+        max_tokens_key: tuple[str, ...] = ("max_completion_tokens", "max_tokens"),
+    ) -> Rendered:
+        """Render a parsed chat-like request.
+
+        :raises ApiError: a 4xx for the client's mistakes, 5xx for ours.
+        """
+        model = self.check_model(body)
+        payload = body.get("mm_payload", "tensors")
+        if body.get("return_mm_kwargs") is False:
+            payload = "none"
+        if payload not in ("tensors", "none"):
+            raise ApiError("mm_payload must be 'tensors' or 'none'", param="mm_payload")
+        if len(parsed.images) > self.limits.max_images:
+            raise ApiError(
+                f"too many images: {len(parsed.images)}, the limit is "
+                f"{self.limits.max_images} per request"
+            )
+        template_kwargs = dict(body.get("chat_template_kwargs") or {})
+        add_gen = bool(body.get("add_generation_prompt", True))
+        cont = bool(body.get("continue_final_message", False))
+        prompt_ids = self.chat.render(
+            parsed.conversation,
+            add_generation_prompt=add_gen,
+            continue_final_message=cont,
+            kwargs=template_kwargs,
+        )
+        features = None
+        cache_hits = 0
+        timings: dict[str, float] = {}
+        if parsed.images:
+            try:
+                with anyio.fail_after(self.limits.timeout_s):
+                    features, prompt_ids, cache_hits, timings = await self._features(
+                        parsed.images, prompt_ids, tensors=payload == "tensors"
+                    )
+            except TimeoutError:
+                raise ApiError(
+                    f"the request's images took longer than {self.limits.timeout_s} s",
+                    status=408,
+                    type="TimeoutError",
+                ) from None
+        sampling = derive(
+            body,
+            self.defaults,
+            len(prompt_ids),
+            extra_args=extra_args,
+            max_tokens_key=max_tokens_key,
+        )
+        parse_context = None
+        if with_parse_context is not None:
+            parse_context = {
+                "tools": None,
+                "tool_choice": with_parse_context if with_parse_context != "null" else None,
+                "parallel_tool_calls": True,
+                "include_reasoning": True,
+                "chat_template_kwargs": {
+                    "cohere_format": "cmd4",
+                    **template_kwargs,
+                    "add_generation_prompt": add_gen,
+                    "continue_final_message": cont,
+                },
+                "history_tool_call_cnt": 0,
+            }
+        return Rendered(
+            self._generate_request(
+                id_prefix, prompt_ids, features, sampling, model, body, parse_context
+            ),
+            len(parsed.images),
+            cache_hits,
+            timings,
+        )
+
+    def render_text(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """``/v1/completions/render``: one ``GenerateRequest`` per prompt (text or token ids).
+
+        :raises ApiError: a missing or malformed prompt, or an unknown model.
+        """
+        model = self.check_model(body)
+        prompt = body.get("prompt")
+        prompts: list[Any]
+        if isinstance(prompt, str) or (
+            isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)
+        ):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt:
+            prompts = list(prompt)
+        else:
+            raise ApiError(
+                "'prompt' must be a string, a list of strings or token ids", param="prompt"
+            )
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                ids = self.chat.encode(p)
+            elif isinstance(p, list) and all(isinstance(t, int) for t in p):
+                ids = list(p)
+            else:
+                raise ApiError(
+                    "each prompt must be a string or a list of token ids", param="prompt"
+                )
+            sampling = derive(body, self.defaults, len(ids), max_tokens_key=("max_tokens",))
+            out.append(self._generate_request("cmpl-", ids, None, sampling, model, body, None))
+        return out
+
+    def _generate_request(
+        self,
+        id_prefix: str,
+        token_ids: list[int],
+        features: dict[str, Any] | None,
+        sampling: dict[str, Any],
+        model: str,
+        body: dict[str, Any],
+        parse_context: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        return {
+            "request_id": f"{id_prefix}{secrets.token_hex(8)}",
+            "token_ids": token_ids,
+            "token_offsets": None,
+            "features": features,
+            "content_parts": None,
+            "sampling_params": sampling,
+            "model": model,
+            "reasoning_ended": None,
+            "reasoning_parser_kwargs": None,
+            "return_token_ids": None,
+            "output_mode": "tokens",
+            "parse_context": parse_context,
+            "stream": bool(body.get("stream", False)),
+            "stream_options": body.get("stream_options"),
+            "cache_salt": body.get("cache_salt"),
+            "priority": int(body.get("priority", 0) or 0),
+            "kv_transfer_params": body.get("kv_transfer_params"),
+            "ec_transfer_params": None,
+        }
+
+    async def _features(
+        self, parts: list[ImagePart], prompt_ids: list[int], *, tensors: bool
+    ) -> tuple[dict[str, Any], list[int], int, dict[str, float]]:
+        n = len(parts)
+        data: list[bytes] = [b""] * n
+        hashes: list[str] = [""] * n
+
+        async def load(i: int) -> None:
+            data[i] = await self._image_bytes(parts[i])
+            hashes[i] = parts[i].uuid or await self._mm_hash(data[i])
+
+        if n == 1:
+            await load(0)
+        else:
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(load, i)
+        try:
+            result = await self.engine.process(
+                Request(prompt_token_ids=prompt_ids, images=data, image_hashes=hashes)
+            )
+        except AiommError as exc:
+            raise from_aiomm_error(exc) from exc
+        hits = sum(1 for c in result.cache if c.value == "hit")
+        placeholders = [
+            {"offset": r.offset, "length": r.length} for r in result.mm_placeholders["image"]
+        ]
+        feats: dict[str, Any] = {
+            "mm_hashes": {"image": hashes},
+            "mm_placeholders": {"image": placeholders},
+            "kwargs_data": None,
+            "mm_metadata": None,
+        }
+        if tensors:
+            kwargs_data, metadata = encode_items(result.items)
+            feats["kwargs_data"] = {"image": kwargs_data}
+            feats["mm_metadata"] = {"image": metadata}
+        return feats, result.prompt_token_ids, hits, result.timings
+
+
+_LOCAL = threading.local()
+
+
+def _expanded(value: torch.Tensor, repeat: Repeat) -> torch.Tensor:
+    """The model's rows of compact ``value``, written into a per-thread buffer that the next call
+    reuses (numpy's broadcast copy is about 10x torch's strided expand copy here)."""
+    arr = np.ascontiguousarray(value.numpy())
+    n, width = arr.shape[0], arr.shape[1] // repeat.blocks
+    size = n * repeat.blocks * repeat.times * width
+    buf = getattr(_LOCAL, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _LOCAL.buf = np.empty(size, arr.dtype)
+    out = buf[:size].reshape(n, repeat.blocks, repeat.times, width)
+    np.copyto(out, arr.reshape(n, repeat.blocks, 1, width))
+    return torch.from_numpy(out.reshape(n, -1))
+
+
+def _wire_value(key: str, item: MultiModalKwargsItem) -> Any:
+    """``item[key]`` as vLLM's item holds it; valid until the next call in this thread."""
+    value = item.data[key]
+    config = item.fields[key]
+    if isinstance(value, torch.Tensor) and config.repeat is not None:
+        if value.dtype == torch.uint8 and value.dim() == 2 and not value.is_cuda:
+            return _expanded(value, config.repeat)
+        return config.repeat.expand(value).reshape(value.shape[0], -1)
+    return value
+
+
+def _field(key: str, config: Any, slices: list[Any]) -> Field:
+    keep = key in _KEEP_ON_CPU
+    kind = config.kind if isinstance(config, MultiModalFieldConfig) else FieldKind.FLAT
+    if kind is FieldKind.BATCHED:
+        return Field("batched", {"keep_on_cpu": keep})
+    if kind is FieldKind.SHARED:
+        return Field("shared", {"keep_on_cpu": keep, "batch_size": config.batch_size})
+    return Field("flat", {"keep_on_cpu": keep, "slices": slices, "dim": 0})
+
+
+def encode_items(
+    items: Sequence[MultiModalKwargsItem],
+) -> tuple[list[orjson.Fragment], list[orjson.Fragment]]:
+    """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, as orjson
+    fragments (already JSON strings: the response encoder copies them without scanning).
+
+    A flat field's slices describe the whole request's batch (every item carries all of them,
+    as vLLM's do).
+    """
+    slices: dict[str, list[Any]] = {}
+    for key in _ordered(items[0].data) if items else ():
+        start, runs = 0, []
+        for item in items:
+            value = item.data[key]
+            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) else 1
+            runs.append([[start, start + rows, None]])
+            start += rows
+        slices[key] = runs
+    kwargs_data, metadata = [], []
+    for item in items:
+        # each item is expanded and encoded before the next reuses the expansion buffer
+        entries = {
+            k: (_wire_value(k, item), _field(k, item.fields[k], slices.get(k, [])))
+            for k in _ordered(item.data)
+        }
+        kwargs_data.append(_fragment(encode_item_b64(entries)))
+        meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
+        metadata.append(_fragment(encode_item_b64(meta)))
+    return kwargs_data, metadata
+
+
+def _fragment(b64: bytes) -> orjson.Fragment:
+    return orjson.Fragment(b'"' + b64 + b'"')  # base64 needs no JSON escaping
+
+
+def _ordered(keys: Any) -> list[str]:
+    first = [k for k in _KEY_ORDER if k in keys]
+    return first + [k for k in keys if k not in first]

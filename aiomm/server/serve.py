@@ -1,0 +1,64 @@
+"""Running the app: uvicorn with uvloop, one process or ``--workers N``.
+
+With several workers uvicorn imports :func:`app_from_env` in each process; the configuration
+travels in the ``AIOMM_SERVE_CONFIG`` environment variable (JSON). uvicorn drains in-flight
+requests on SIGTERM (``timeout_graceful_shutdown``) and then runs the lifespan's shutdown, which
+closes the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from typing import Any
+
+from starlette.applications import Starlette
+
+from aiomm.logging import configure_logging
+
+from .app import ServerConfig, create_app
+from .render import RenderLimits
+
+__all__ = ("app_from_env", "serve")
+
+_ENV = "AIOMM_SERVE_CONFIG"
+
+
+def _to_env(config: ServerConfig) -> str:
+    data = asdict(config)
+    data.pop("engine")
+    return json.dumps(data)
+
+
+def _from_env(text: str) -> ServerConfig:
+    data: dict[str, Any] = json.loads(text)
+    data["limits"] = RenderLimits(**data["limits"])
+    data["served_model_names"] = tuple(data["served_model_names"])
+    return ServerConfig(**data)
+
+
+def app_from_env() -> Starlette:
+    """The app of a worker process (its config from ``AIOMM_SERVE_CONFIG``)."""
+    configure_logging(level="INFO", json=True)
+    return create_app(_from_env(os.environ[_ENV]))
+
+
+def serve(config: ServerConfig, *, host: str, port: int, workers: int = 1) -> None:
+    """Serve ``config`` until SIGINT / SIGTERM (in-flight requests are drained)."""
+    import uvicorn
+
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "loop": "uvloop",
+        # the C parser: h11 (pure Python) costs milliseconds per megabyte of data URLs
+        "http": "httptools",
+        "access_log": False,
+        "timeout_graceful_shutdown": max(5, int(config.limits.timeout_s)),
+    }
+    if workers > 1:
+        os.environ[_ENV] = _to_env(config)
+        uvicorn.run("aiomm.server.serve:app_from_env", factory=True, workers=workers, **options)
+    else:
+        uvicorn.run(create_app(config), **options)

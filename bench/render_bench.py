@@ -1,0 +1,396 @@
+"""Render-tier benchmark: ``aiomm serve`` against ``vllm launch render``, same load, one run.
+
+Both servers run side by side (idle, neither costs CPU) and each level is measured in
+interleaved rounds (aiomm, vLLM, then vLLM, aiomm), because this machine is shared and its other
+load changes by the minute. A seeded closed-loop HTTP load (``--n`` requests per level and round,
+each worker sending its next request when the previous one is answered) posts chat bodies with
+1-2 images as ``data:`` URLs (JPEG q90, a mix of sizes, about ``--repeat-frac`` of the image slots
+repeating an earlier image) to ``/v1/chat/completions/render`` at each ``--concurrency`` level.
+Every body is built before the clock starts; the client reads each response whole. Reported per
+server and level: images/s, latency p50/p99, the server's CPU ms per image and cores busy
+(utime+stime of the server process and its children from /proc, over the measured window), then
+aiomm/vLLM ratios.
+
+    python bench/render_bench.py [--vllm-venv /tmp/vllm-venv] [--n 60] [--concurrency 8 32]
+
+Without ``--vllm-venv`` only aiomm is measured. Both servers get the same model folder path
+(``--model-folder``; built offline when missing), so their mm_hashes agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import PIL.Image
+
+REPO = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class LevelResult:
+    server: str
+    concurrency: int
+    requests: int
+    images: int
+    wall_s: float
+    images_per_s: float
+    p50_ms: float
+    p99_ms: float
+    server_cpu_ms_per_image: float
+    server_cores_busy: float
+    mb_received: float
+    client_cpu_s: float
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cpu_s(pid: int) -> float:
+    """utime+stime of ``pid`` and its waited-for children, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
+    total = (utime + stime + cutime + cstime) / CLK_TCK
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            total += _cpu_s(int(child))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def _image(width: int, height: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    phase = rng.uniform(0, 6.28, 3)
+    base = np.stack(
+        [127 + 100 * np.sin(x / (30 + 20 * k) + y / (45 + 10 * k) + phase[k]) for k in range(3)],
+        axis=-1,
+    )
+    pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    PIL.Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def build_bodies(args: argparse.Namespace, seed: int) -> tuple[list[bytes], int]:
+    """``args.n`` serialised request bodies and their image count (seeded)."""
+    rng = np.random.default_rng(seed)
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    made: list[str] = []
+    bodies: list[bytes] = []
+    images = 0
+    for _ in range(args.n):
+        urls = []
+        for _ in range(2 if rng.random() < args.two_image_frac else 1):
+            if made and rng.random() < args.repeat_frac:
+                urls.append(made[int(rng.integers(len(made)))])
+            else:
+                w, h = sizes[int(rng.integers(len(sizes)))]
+                data = _image(w, h, int(rng.integers(1 << 31)))
+                made.append("data:image/jpeg;base64," + base64.b64encode(data).decode())
+                urls.append(made[-1])
+        images += len(urls)
+        content: list[dict[str, Any]] = [{"type": "text", "text": "Describe the image(s)."}]
+        content += [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+        body = {
+            "model": args.model_folder,
+            "messages": [{"role": "user", "content": content}],
+            "mm_payload": args.mm_payload,
+        }
+        bodies.append(json.dumps(body).encode())
+    return bodies, images
+
+
+class _Connection:
+    """A minimal keep-alive HTTP/1.1 client: the load generator shares the machine with the
+    servers, so it reads each response with one C-level ``readexactly`` (httpx's pure-Python
+    h11 parsing of ~7 MB per image would take a large share of the cores being measured)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(
+                self.host, self.port, limit=1 << 20
+            )
+        assert self.reader is not None
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        self.writer.write(head)
+        self.writer.write(body)
+        await self.writer.drain()
+        header = await self.reader.readuntil(b"\r\n\r\n")
+        lines = header.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+        if "content-length" in fields:
+            return status, await self.reader.readexactly(int(fields["content-length"]))
+        chunks = []
+        while True:  # chunked
+            size = int((await self.reader.readuntil(b"\r\n")).strip(), 16)
+            chunks.append(await self.reader.readexactly(size + 2))
+            if size == 0:
+                return status, b"".join(c[:-2] for c in chunks)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def _drive(url: str, bodies: list[bytes], concurrency: int) -> tuple[list[float], int]:
+    parsed = httpx.URL(url)
+    latencies: list[float] = []
+    received = 0
+    queue = list(reversed(bodies))
+
+    async def worker() -> None:
+        nonlocal received
+        conn = _Connection(parsed.host, parsed.port or 80)
+        try:
+            while queue:
+                body = queue.pop()
+                t = time.perf_counter()
+                status, data = await conn.post(parsed.raw_path.decode(), body)
+                latencies.append(time.perf_counter() - t)
+                if status != 200:
+                    raise RuntimeError(f"{status}: {data[:300]!r}")
+                received += len(data)
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, received
+
+
+def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: int) -> LevelResult:
+    cpu0, t0, me0 = _cpu_s(pid), time.perf_counter(), time.process_time()
+    latencies, received = asyncio.run(_drive(url, bodies, c))
+    wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - cpu0
+    client_cpu = time.process_time() - me0
+    lat = np.array(latencies) * 1000
+    result = LevelResult(
+        name,
+        c,
+        len(bodies),
+        images,
+        round(wall, 2),
+        round(images / wall, 2),
+        round(float(np.percentile(lat, 50)), 1),
+        round(float(np.percentile(lat, 99)), 1),
+        round(cpu * 1000 / images, 1),
+        round(cpu / wall, 2),
+        round(received / 2**20, 1),
+        round(client_cpu, 2),
+    )
+    print(json.dumps(asdict(result)), flush=True)
+    return result
+
+
+def measure(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> list[LevelResult]:
+    """Every level on every server, interleaved: round r runs the servers in order, then in
+    reverse (ABBA), so a change in the machine's other load hits both alike. Each level and
+    round has its own seeded plan, the same for every server (no hits across levels)."""
+    warm, _ = build_bodies(argparse.Namespace(**{**vars(args), "n": 2, "sizes": "320x240"}), 999)
+    for url, _pid in servers.values():
+        asyncio.run(_drive(url, warm, 1))
+    out = []
+    names = list(servers)
+    for level, c in enumerate(args.concurrency):
+        for r in range(args.rounds):
+            bodies, images = build_bodies(args, args.seed + 1000 * level + r)
+            for name in names if r % 2 == 0 else reversed(names):
+                url, pid = servers[name]
+                out.append(_level(name, url, pid, c, bodies, images))
+    return out
+
+
+def _combine(results: list[LevelResult]) -> list[LevelResult]:
+    """One row per server and level: totals over its rounds (percentiles: the worst round's)."""
+    rows: dict[tuple[str, int], list[LevelResult]] = {}
+    for r in results:
+        rows.setdefault((r.server, r.concurrency), []).append(r)
+    out = []
+    for (server, c), rs in rows.items():
+        wall = sum(r.wall_s for r in rs)
+        images = sum(r.images for r in rs)
+        cpu_s = sum(r.server_cpu_ms_per_image * r.images for r in rs) / 1000
+        out.append(
+            LevelResult(
+                server,
+                c,
+                sum(r.requests for r in rs),
+                images,
+                round(wall, 2),
+                round(images / wall, 2),
+                max(r.p50_ms for r in rs),
+                max(r.p99_ms for r in rs),
+                round(cpu_s * 1000 / images, 1),
+                round(cpu_s / wall, 2),
+                round(sum(r.mb_received for r in rs), 1),
+                round(sum(r.client_cpu_s for r in rs), 2),
+            )
+        )
+    return out
+
+
+class Server:
+    """A server subprocess on a free loopback port, stopped with SIGTERM."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], port: int, log: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log.open("wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def __enter__(self) -> Server:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}; see {self.log.name}"
+                )
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("server did not become healthy")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-folder", default="/tmp/vllm-probe/qwen2vl")
+    parser.add_argument("--vllm-venv", help="a venv with vllm 0.33 (vllm launch render)")
+    parser.add_argument("--n", type=int, default=60, help="requests per concurrency level")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--sizes", default="640x480,1280x720,333x777,1920x1080")
+    parser.add_argument("--two-image-frac", type=float, default=0.5)
+    parser.add_argument("--repeat-frac", type=float, default=0.25)
+    parser.add_argument("--mm-payload", choices=["tensors", "none"], default="tensors")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per level")
+    parser.add_argument("--workers", type=int, default=1, help="aiomm serve --workers")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+
+    folder = Path(args.model_folder)
+    if not (folder / "tokenizer.json").is_file():
+        sys.path.insert(0, str(REPO / "tests" / "support"))
+        from qwen2vl_folder import build_folder
+
+        build_folder(folder)
+    logs = Path("/tmp/aiomm-render-bench")
+    logs.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONHASHSEED": "0",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    port = _free_port()
+    aiomm = [
+        str(Path(sys.executable).with_name("aiomm")),
+        "serve",
+        str(folder),
+        "--port",
+        str(port),
+        "--workers",
+        str(args.workers),
+    ]
+    with contextlib.ExitStack() as stack:
+        started = stack.enter_context(Server(aiomm, env, port, logs / "aiomm.log"))
+        servers = {"aiomm": (started.url + "/v1/chat/completions/render", started.proc.pid)}
+        if args.vllm_venv:
+            port = _free_port()
+            vllm = [
+                f"{args.vllm_venv}/bin/vllm",
+                "launch",
+                "render",
+                str(folder),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--limit-mm-per-prompt",
+                '{"video": 0}',
+                "--disable-uvicorn-access-log",
+            ]
+            venv_env = {
+                **env,
+                "VLLM_TARGET_DEVICE": "cpu",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+            }
+            started = stack.enter_context(Server(vllm, venv_env, port, logs / "vllm.log"))
+            servers["vllm"] = (started.url + "/v1/chat/completions/render", started.proc.pid)
+        raw = measure(servers, args)
+    results = _combine(raw)
+    load = os.getloadavg()
+    print(
+        f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+        f"on {os.cpu_count()} cores (other jobs share this machine)"
+    )
+    header = f"{'server':7} {'c':>3} {'img/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/img':>10}"
+    print(header + f" {'cores':>6} {'MB recv':>8}")
+    for r in results:
+        print(
+            f"{r.server:7} {r.concurrency:>3} {r.images_per_s:>7} {r.p50_ms:>8} {r.p99_ms:>8} "
+            f"{r.server_cpu_ms_per_image:>10} {r.server_cores_busy:>6} {r.mb_received:>8}"
+        )
+    by = {(r.server, r.concurrency): r for r in results}
+    for c in args.concurrency:
+        a, v = by.get(("aiomm", c)), by.get(("vllm", c))
+        if a and v:
+            print(
+                f"c={c}: aiomm/vLLM images/s x{a.images_per_s / v.images_per_s:.2f}, "
+                f"CPU per image x{a.server_cpu_ms_per_image / v.server_cpu_ms_per_image:.2f}, "
+                f"p50 x{a.p50_ms / v.p50_ms:.2f}"
+            )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"combined": [asdict(r) for r in results], "rounds": [asdict(r) for r in raw]},
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

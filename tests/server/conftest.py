@@ -1,0 +1,82 @@
+"""A real ``aiomm serve`` app on loopback (uvicorn in a thread) for the model folder the golden
+fixtures were recorded with, rebuilt offline (``tests/support/qwen2vl_folder.py``)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("starlette")
+uvicorn = pytest.importorskip("uvicorn")
+
+from aiomm.server import ServerConfig, create_app  # noqa: E402
+
+#: the path the fixtures' vLLM server was given: it is part of every mm_hash
+RECORDED_MODEL = "/tmp/vllm-probe/qwen2vl"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(config),
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                loop="asyncio",
+            )
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from qwen2vl_folder import build_folder
+
+    return build_folder(tmp_path_factory.mktemp("qwen2vl"))
+
+
+@pytest.fixture(scope="module")
+def live_server(
+    model_folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    media = tmp_path_factory.mktemp("media")
+    config = ServerConfig(
+        model=str(model_folder),
+        model_id=RECORDED_MODEL,
+        served_model_names=(RECORDED_MODEL,),
+        allowed_local_media_path=str(media),
+    )
+    with LiveServer(config) as server:
+        server.media = media  # type: ignore[attr-defined]
+        yield server

@@ -1,0 +1,228 @@
+"""Record the golden interop fixtures from vLLM 0.33's own render server.
+
+Not a test: run it by hand against ``vllm launch render /tmp/vllm-probe/qwen2vl`` (see
+``shared/vllm_render/launch.sh``; PYTHONHASHSEED=0 fixes the key order inside msgpack items;
+the processor cache off, so every item's flat-field slices come from its own request)::
+
+    PORT=18115 MM_CACHE_GB=0 shared/vllm_render/launch.sh start
+    python tests/server/record_fixtures.py --url http://127.0.0.1:18115
+
+The recorded fixtures came from vLLM 0.33.0 (the ``shared/vllm_probe`` environment) on
+2026-12-01.
+
+Each case is written as ``fixtures/<case>.json``: ``{"path", "body", "status", "response"}``.
+Images are small and seeded, embedded in the bodies as data URLs (the bytes the hashes cover).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+
+HERE = Path(__file__).parent / "fixtures"
+MODEL = "/tmp/vllm-probe/qwen2vl"
+
+
+def _photo(width: int, height: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([x / width * 255, y / height * 255, (x + y) / (width + height) * 255], axis=-1)
+    noise = rng.normal(0, 18, size=(height, width, 3))
+    return np.clip(base + noise, 0, 255).astype(np.uint8)
+
+
+def _encode(image: PIL.Image.Image, fmt: str, **kwargs: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **kwargs)
+    return buf.getvalue()
+
+
+def images() -> dict[str, tuple[str, bytes]]:
+    """name -> (mime type, encoded bytes)."""
+    out: dict[str, tuple[str, bytes]] = {}
+    out["jpeg"] = (
+        "image/jpeg",
+        _encode(PIL.Image.fromarray(_photo(96, 72, 1)), "JPEG", quality=90),
+    )
+    out["jpeg2"] = (
+        "image/jpeg",
+        _encode(PIL.Image.fromarray(_photo(150, 90, 2)), "JPEG", quality=85),
+    )
+    out["png"] = ("image/png", _encode(PIL.Image.fromarray(_photo(80, 112, 3)), "PNG"))
+    rgba = np.dstack([_photo(90, 70, 4), np.tile(np.linspace(0, 255, 90, dtype=np.uint8), (70, 1))])
+    out["rgba"] = ("image/png", _encode(PIL.Image.fromarray(rgba, "RGBA"), "PNG"))
+    rotated = PIL.Image.fromarray(_photo(120, 64, 5))
+    exif = rotated.getexif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+    out["exif"] = ("image/jpeg", _encode(rotated, "JPEG", quality=90, exif=exif.tobytes()))
+    grey = _photo(70, 84, 6)[..., 0]
+    out["grey"] = ("image/png", _encode(PIL.Image.fromarray(grey, "L"), "PNG"))
+    grey16 = (_photo(64, 60, 7)[..., 1].astype(np.uint16) * 257).astype(np.uint16)
+    out["grey16"] = ("image/png", _encode(PIL.Image.fromarray(grey16), "PNG"))
+    pal = PIL.Image.fromarray(_photo(72, 72, 8)).quantize(colors=32)
+    out["palette"] = ("image/png", _encode(pal, "PNG"))
+    out["webp"] = (
+        "image/webp",
+        _encode(PIL.Image.fromarray(_photo(66, 99, 9)), "WEBP", quality=80),
+    )
+    return out
+
+
+def data_url(img: tuple[str, bytes]) -> str:
+    return f"data:{img[0]};base64,{base64.b64encode(img[1]).decode()}"
+
+
+def cases() -> dict[str, tuple[str, dict[str, Any]]]:
+    im = images()
+
+    def part(name: str, **extra: Any) -> dict[str, Any]:
+        return {"type": "image_url", "image_url": {"url": data_url(im[name])}, **extra}
+
+    def chat(messages: list[dict[str, Any]], **extra: Any) -> tuple[str, dict[str, Any]]:
+        return "/v1/chat/completions/render", {"model": MODEL, "messages": messages, **extra}
+
+    def user(*parts: dict[str, Any]) -> dict[str, Any]:
+        return {"role": "user", "content": list(parts)}
+
+    text = {"type": "text", "text": "Describe this image."}
+    out: dict[str, tuple[str, dict[str, Any]]] = {
+        "chat_jpeg": chat([user(text, part("jpeg"))]),
+        "chat_two_images": chat(
+            [user({"type": "text", "text": "Compare these."}, part("jpeg2"), part("png"))]
+        ),
+        "chat_rgba": chat([user(text, part("rgba"))]),
+        "chat_exif_rotated": chat([user(text, part("exif"))]),
+        "chat_greyscale": chat([user(text, part("grey"))]),
+        "chat_grey16": chat([user(text, part("grey16"))]),
+        "chat_palette": chat([user(text, part("palette"))]),
+        "chat_webp": chat([user(text, part("webp"))]),
+        "chat_image_first": chat([user(part("jpeg"), {"type": "text", "text": "What is this?"})]),
+        "chat_system": chat(
+            [
+                {"role": "system", "content": "You are a terse assistant."},
+                user(text, part("png")),
+            ]
+        ),
+        "chat_multi_turn": chat(
+            [
+                user(text, part("jpeg2")),
+                {"role": "assistant", "content": "A gradient with noise."},
+                user({"type": "text", "text": "And this one?"}, part("grey")),
+            ]
+        ),
+        "chat_string_content": chat([{"role": "user", "content": "Hello there, how are you?"}]),
+        "chat_mm_none": chat([user(text, part("jpeg"), part("png"))], mm_payload="none"),
+        "chat_uuid": chat([user(text, part("rgba", uuid="client-hash-0001"))]),
+        "chat_sampling": chat(
+            [user(text, part("jpeg"))],
+            max_tokens=16,
+            temperature=0.5,
+            top_p=0.9,
+            seed=7,
+            stop=["\n\n"],
+        ),
+        "responses_input_image": (
+            "/v1/responses/render",
+            {
+                "model": MODEL,
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "Describe this image."},
+                            {"type": "input_image", "image_url": data_url(im["png"])},
+                        ],
+                    }
+                ],
+            },
+        ),
+        "messages_anthropic": (
+            "/v1/messages/render",
+            {
+                "model": MODEL,
+                "max_tokens": 64,
+                "system": "Be brief.",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "base64",
+                                    "media_type": "image/jpeg",
+                                    "data": base64.b64encode(im["jpeg"][1]).decode(),
+                                },
+                            },
+                            {"type": "text", "text": "What is this?"},
+                        ],
+                    }
+                ],
+            },
+        ),
+        "completions_text": (
+            "/v1/completions/render",
+            {
+                "model": MODEL,
+                "prompt": "The answer is",
+                "max_tokens": 8,
+            },
+        ),
+        "tokenize_prompt": ("/tokenize", {"model": MODEL, "prompt": "Describe this image."}),
+        "tokenize_chat": (
+            "/tokenize",
+            {"model": MODEL, "messages": [{"role": "user", "content": "Describe this image."}]},
+        ),
+        "error_bad_image": chat(
+            [
+                user(
+                    text,
+                    {
+                        "type": "image_url",
+                        "image_url": {
+                            "url": "data:image/png;base64,"
+                            + base64.b64encode(b"not an image").decode()
+                        },
+                    },
+                )
+            ]
+        ),
+        "error_unknown_model": (
+            "/v1/chat/completions/render",
+            {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    }
+    return out
+
+
+def main() -> None:
+    import httpx
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", default="http://127.0.0.1:18100")
+    parser.add_argument("--only", nargs="*")
+    args = parser.parse_args()
+    HERE.mkdir(exist_ok=True)
+    with httpx.Client(base_url=args.url, timeout=120) as client:
+        for name, (path, body) in cases().items():
+            if args.only and name not in args.only:
+                continue
+            resp = client.post(path, json=body)
+            try:
+                payload = resp.json()
+            except ValueError:
+                payload = resp.text
+            record = {"path": path, "body": body, "status": resp.status_code, "response": payload}
+            (HERE / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+            print(name, resp.status_code, len(resp.content))
+
+
+if __name__ == "__main__":
+    main()

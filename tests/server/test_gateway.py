@@ -1,0 +1,203 @@
+"""Gateway mode with the official openai client against a loopback stand-in upstream."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import PIL.Image
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from aiomm.server import ServerConfig  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import RECORDED_MODEL, LiveServer, free_port  # noqa: E402
+from upstream_standin import StandIn, validate  # noqa: E402
+
+REPLY = "The picture shows a red car on the road."
+
+
+def _png(seed: int, size: tuple[int, int] = (64, 48)) -> str:
+    rng = np.random.default_rng(seed)
+    img = PIL.Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _messages(*urls: str, text: str = "Describe this image.") -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    parts += [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return [{"role": "user", "content": parts}]
+
+
+class _Upstream:
+    def __init__(self, standin: StandIn) -> None:
+        import uvicorn
+
+        self.standin = standin
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(standin.app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> _Upstream:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def gateway(model_folder: Path) -> Iterator[tuple[LiveServer, StandIn, list[int]]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    script = [*tokenizer.encode(REPLY, add_special_tokens=False), 151645]
+    standin = StandIn(script, delay_s=0.05)
+    with _Upstream(standin) as upstream:
+        config = ServerConfig(
+            model=str(model_folder), model_id=RECORDED_MODEL, upstream=upstream.url
+        )
+        with LiveServer(config) as server:
+            yield server, standin, script
+
+
+def _client(server: LiveServer) -> Any:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_chat_sync(gateway: Any, model_folder: Path) -> None:
+    server, standin, script = gateway
+    out = _client(server).chat.completions.create(
+        model=str(model_folder), messages=_messages(_png(1), _png(2))
+    )
+    assert out.choices[0].message.content == REPLY
+    assert out.choices[0].finish_reason == "stop"
+    body = standin.seen[-1]
+    assert validate(body) == []
+    assert len(body["features"]["mm_placeholders"]["image"]) == 2
+    assert out.usage.prompt_tokens == len(body["token_ids"])
+    assert out.usage.completion_tokens == len(script)
+
+
+def test_chat_sync_stream(gateway: Any, model_folder: Path) -> None:
+    server, standin, _ = gateway
+    stream = _client(server).chat.completions.create(
+        model=str(model_folder), messages=_messages(_png(3)), stream=True
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == REPLY
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert standin.seen[-1]["stream"] is True
+
+
+async def test_async_completions_and_stream(gateway: Any, model_folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    server, standin, script = gateway
+    decode = AutoTokenizer.from_pretrained(model_folder).decode
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    out = await client.completions.create(model=str(model_folder), prompt="Tell me", max_tokens=4)
+    assert out.choices[0].text == decode(script[:4], skip_special_tokens=True)
+    assert out.choices[0].finish_reason == "length"
+    assert standin.seen[-1]["sampling_params"]["max_tokens"] == 4
+    assert standin.seen[-1]["features"] is None
+    stream = await client.chat.completions.create(
+        model=str(model_folder), messages=_messages(_png(4)), stream=True, max_tokens=5
+    )
+    pieces = [c.choices[0].delta.content or "" async for c in stream]
+    assert "".join(pieces) == decode(script[:5], skip_special_tokens=True)
+    assert len([p for p in pieces if p]) >= 3  # streamed, not sent at once
+    await client.close()
+
+
+def test_disconnect_mid_stream_cancels_upstream(gateway: Any, model_folder: Path) -> None:
+    server, standin, _ = gateway
+    body = {"model": str(model_folder), "messages": _messages(_png(5)), "stream": True}
+    before = len(standin.seen)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]
+        assert any(line.startswith("data:") for line in got)
+    rid = standin.seen[before]["request_id"]
+    deadline = time.monotonic() + 10
+    while rid not in standin.abandoned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rid in standin.abandoned
+    assert rid not in standin.completed
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "Decode"),
+        ("http://127.0.0.1:9/cat.png", "Blocked"),
+        ("http://169.254.169.254/latest/meta-data", "Blocked"),
+        ("file:///etc/passwd", "PathNotAllowed"),
+    ],
+)
+def test_bad_images_are_4xx_and_the_next_request_is_fine(
+    gateway: Any, model_folder: Path, url: str, needle: str
+) -> None:
+    server, _, _ = gateway
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=str(model_folder), messages=_messages(url))
+    assert needle.lower() in str(info.value).lower()
+    ok = client.chat.completions.create(model=str(model_folder), messages=_messages(_png(6)))
+    assert ok.choices[0].message.content == REPLY
+
+
+def test_request_errors(gateway: Any, model_folder: Path) -> None:
+    server, _, _ = gateway
+    client = _client(server)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=_messages())
+    with pytest.raises(openai.BadRequestError, match="too many images"):
+        client.chat.completions.create(model=str(model_folder), messages=_messages(*[_png(7)] * 17))
+    r = httpx.post(
+        server.url + "/v1/chat/completions/render",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    r = httpx.post(
+        server.url + "/v1/chat/completions/render",
+        json={"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
+    )
+    assert r.status_code == 400 and "unsupported content part" in r.json()["error"]["message"]
+
+
+def test_metrics_and_models(gateway: Any, model_folder: Path) -> None:
+    server, _, _ = gateway
+    httpx.post(
+        server.url + "/v1/chat/completions/render", json={"messages": _messages(_png(8))}
+    ).raise_for_status()
+    text = httpx.get(server.url + "/metrics").text
+    assert 'aiomm_requests_total{endpoint="chat_render",status="200"}' in text
+    assert 'aiomm_stage_seconds_bucket{le="0.001",stage="decode_transform"}' in text
+    assert "aiomm_request_seconds_bucket" in text
+    assert 'aiomm_errors_total{type="BadRequestError"}' in text
+    assert "aiomm_images_total" in text and "aiomm_queue_in_use" in text
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["data"][0]["id"] == str(model_folder)
+    assert json.loads(httpx.get(server.url + "/health").text or "null") is None

@@ -1,0 +1,204 @@
+"""A loopback stand-in for ``vllm serve --tokens-only``'s ``/inference/v1/generate``.
+
+It validates every field of the body against vLLM 0.33's ``GenerateRequest`` (types, lengths,
+placeholder ranges inside ``token_ids``, decodable items whose rows fit their placeholders) and
+answers scripted token ids, streamed one per SSE chunk when asked. It records what it saw and
+whether a stream was abandoned by its client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from aiomm.server.kwargs_codec import TensorValue, decode_item
+
+TOP_LEVEL = {
+    "request_id": str,
+    "token_ids": list,
+    "token_offsets": (list, type(None)),
+    "features": (dict, type(None)),
+    "content_parts": (list, type(None)),
+    "sampling_params": dict,
+    "model": (str, type(None)),
+    "reasoning_ended": (bool, type(None)),
+    "reasoning_parser_kwargs": (dict, type(None)),
+    "return_token_ids": (bool, type(None)),
+    "output_mode": str,
+    "parse_context": (dict, type(None)),
+    "stream": bool,
+    "stream_options": (dict, type(None)),
+    "cache_salt": (str, type(None)),
+    "priority": int,
+    "kv_transfer_params": (dict, type(None)),
+    "ec_transfer_params": (dict, type(None)),
+}
+SAMPLING = {
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "repetition_penalty": float,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "seed": int,
+    "stop": list,
+    "stop_token_ids": list,
+    "max_tokens": int,
+    "output_kind": int,
+    "skip_clone": bool,
+    "output_text_buffer_length": int,
+    "extra_args": dict,
+    "bad_words": list,
+    "skip_reading_prefix_cache": bool,
+}
+IMAGE_PAD = 151655
+
+
+def validate(body: Any) -> list[str]:
+    """Every way ``body`` breaks the protocol (empty when it is valid)."""
+    errors: list[str] = []
+    if not isinstance(body, dict):
+        return ["body is not an object"]
+    if set(body) != set(TOP_LEVEL):
+        errors.append(f"keys differ: {sorted(set(body) ^ set(TOP_LEVEL))}")
+    for key, kind in TOP_LEVEL.items():
+        if key in body and not isinstance(body[key], kind):
+            errors.append(f"{key} has type {type(body[key]).__name__}")
+    ids = body.get("token_ids") or []
+    if not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        errors.append("token_ids must be a non-empty list of non-negative ints")
+    if body.get("output_mode") != "tokens":
+        errors.append("output_mode must be 'tokens'")
+    sp = body.get("sampling_params") or {}
+    for key, value in sp.items():
+        kind = SAMPLING.get(key)
+        if kind is None:
+            errors.append(f"unknown sampling param {key}")
+        elif not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+            errors.append(f"sampling param {key} has type {type(value).__name__}")
+    if sp.get("max_tokens", 16) + len(ids) > 32768:
+        errors.append("max_tokens + prompt above the context")
+    feats = body.get("features")
+    if isinstance(feats, dict):
+        errors.extend(_validate_features(feats, ids))
+    return errors
+
+
+def _validate_features(feats: dict[str, Any], ids: list[int]) -> list[str]:
+    errors: list[str] = []
+    if set(feats) != {"mm_hashes", "mm_placeholders", "kwargs_data", "mm_metadata"}:
+        return [f"features keys {sorted(feats)}"]
+    hashes, ranges = feats["mm_hashes"], feats["mm_placeholders"]
+    if set(hashes) != set(ranges):
+        errors.append("mm_hashes and mm_placeholders name different modalities")
+    for modality, items in ranges.items():
+        if len(items) != len(hashes.get(modality, [])):
+            errors.append(f"{modality}: {len(items)} placeholders, different number of hashes")
+        if not all(isinstance(h, str) and h for h in hashes.get(modality, [])):
+            errors.append("mm_hashes must be non-empty strings")
+        end = 0
+        for r in items:
+            off, length = r.get("offset"), r.get("length")
+            if set(r) != {"offset", "length"} or not (
+                isinstance(off, int) and isinstance(length, int) and off >= end and length > 0
+            ):
+                errors.append(f"bad placeholder {r}")
+                continue
+            if off + length > len(ids) or any(t != IMAGE_PAD for t in ids[off : off + length]):
+                errors.append(f"placeholder {r} is not a run of image pads inside token_ids")
+            end = off + length
+        for part in ("kwargs_data", "mm_metadata"):
+            data = feats[part]
+            if data is None:
+                continue
+            encoded = data.get(modality, [])
+            if len(encoded) != len(items):
+                errors.append(f"{part}: {len(encoded)} items for {len(items)} placeholders")
+            for r, b64 in zip(items, encoded, strict=False):
+                try:
+                    item = decode_item(b64)
+                except ValueError as exc:
+                    errors.append(f"{part}: {exc}")
+                    continue
+                grid = item.get("image_grid_thw", (None,))[0]
+                if not isinstance(grid, TensorValue):
+                    errors.append(f"{part}: image_grid_thw missing")
+                    continue
+                t, h, w = (int(x) for x in grid.array())
+                if t * h * w // 4 != r["length"]:
+                    errors.append(f"{part}: grid {t, h, w} does not give {r['length']} tokens")
+                pixels = item.get("pixel_values", (None,))[0]
+                if part == "kwargs_data" and (
+                    not isinstance(pixels, TensorValue) or pixels.shape[0] != t * h * w
+                ):
+                    errors.append("kwargs_data: pixel_values rows differ from the grid")
+    return errors
+
+
+class StandIn:
+    """The stand-in's app and what it recorded."""
+
+    def __init__(self, script: list[int], *, delay_s: float = 0.0) -> None:
+        self.script = script
+        self.delay_s = delay_s
+        self.seen: list[dict[str, Any]] = []
+        self.completed: list[str] = []
+        self.abandoned: list[str] = []
+        self.app = Starlette(
+            routes=[Route("/inference/v1/generate", self.generate, methods=["POST"])]
+        )
+
+    async def generate(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        errors = validate(body)
+        if errors:
+            return Response(orjson.dumps({"error": errors}), status_code=422)
+        self.seen.append(body)
+        rid = body["request_id"]
+        n = min(len(self.script), body["sampling_params"].get("max_tokens", 16))
+        finish = "length" if n < len(self.script) else "stop"
+        if not body["stream"]:
+            return Response(
+                orjson.dumps(
+                    {
+                        "request_id": rid,
+                        "output_mode": "tokens",
+                        "choices": [
+                            {"index": 0, "finish_reason": finish, "token_ids": self.script[:n]}
+                        ],
+                    }
+                ),
+                media_type="application/json",
+            )
+
+        async def events() -> Any:
+            try:
+                for i, tok in enumerate(self.script[:n]):
+                    await anyio.sleep(self.delay_s)
+                    last = i == n - 1
+                    chunk = {
+                        "request_id": rid,
+                        "output_mode": "tokens",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "token_ids": [tok],
+                                "finish_reason": finish if last else None,
+                            }
+                        ],
+                    }
+                    yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                self.completed.append(rid)
+            finally:
+                if rid not in self.completed:
+                    self.abandoned.append(rid)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
