@@ -23,6 +23,7 @@ import re
 import socket
 import stat
 import types
+import zlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ import anyio
 import httpcore
 import httpx
 
+from aiomm._inflate import EncodingRefused, InflateLimitExceeded, body_decoder
 from aiomm.config import FetchConfig as FetchConfig
 from aiomm.errors import (
     AiommError,
@@ -61,11 +63,18 @@ log = get_logger(__name__)
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-#: Cloud instance-metadata endpoints (AWS/GCP/Azure/Oracle, AWS IPv6, AWS ECS, Alibaba): refused
-#: even when private or link-local addresses are allowed, unless ``allowed_networks`` names them.
+#: Cloud instance-metadata endpoints (AWS/GCP/Azure/Oracle, AWS IPv6, AWS ECS, Alibaba, Azure's
+#: wire server): refused even when private or link-local addresses are allowed, unless
+#: ``allowed_networks`` names them.
 METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
     ipaddress.ip_address(a)
-    for a in ("169.254.169.254", "fd00:ec2::254", "169.254.170.2", "100.100.100.200")
+    for a in (
+        "169.254.169.254",
+        "fd00:ec2::254",
+        "169.254.170.2",
+        "100.100.100.200",
+        "168.63.129.16",
+    )
 )
 
 _PRIVATE_NETWORKS: tuple[IPNetwork, ...] = tuple(
@@ -77,9 +86,15 @@ _PRIVATE_NETWORKS: tuple[IPNetwork, ...] = tuple(
         "100.64.0.0/10",  # carrier-grade NAT
         "fc00::/7",  # unique-local
         "fec0::/10",  # deprecated site-local
+        # NAT64 local-use (RFC 8215): translators the operator runs, reaching its own networks
+        "64:ff9b:1::/48",
     )
 )
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IPv6 forms that carry an IPv4 address in their low 32 bits: well-known NAT64, SIIT
+# (::ffff:0:a.b.c.d) and the deprecated IPv4-compatible ::a.b.c.d.
+_EMBEDDING_NETWORKS: tuple[ipaddress.IPv6Network, ...] = tuple(
+    ipaddress.IPv6Network(n) for n in ("64:ff9b::/96", "::ffff:0:0:0/96", "::/96")
+)
 
 # A scheme needs two or more characters, so a Windows drive letter ("C:\\x") stays a path.
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
@@ -132,7 +147,9 @@ def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
         return address.ipv4_mapped
     if address.sixtofour is not None:
         return address.sixtofour
-    if address in _NAT64:
+    if int(address) <= 1:  # :: and ::1 are themselves, not 0.0.0.0 and 0.0.0.1
+        return None
+    if any(address in net for net in _EMBEDDING_NETWORKS):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 
@@ -466,16 +483,35 @@ class MediaFetcher:
                 raise FetchError(f"HTTP GET failed{hop}: {detail}", source=_shown(current)) from exc
 
     async def _read_body(self, response: httpx.Response, shown: str) -> bytes:
+        limit = self.config.max_bytes
         declared = response.headers.get("Content-Length")
         if declared is not None and declared.isdigit():
             self._check_size(int(declared), "the declared Content-Length", shown)
+        try:
+            decoder = body_decoder(response.headers.get("Content-Encoding"), limit)
+        except EncodingRefused as exc:
+            raise FetchError(str(exc), source=shown) from None
         chunks: list[bytes] = []
-        total = 0
-        async for chunk in response.aiter_bytes():
-            total += len(chunk)
+        wire = 0
+        # Raw bytes, decoded here: httpx would inflate each chunk whole, past any cap.
+        async for chunk in response.aiter_raw():
+            wire += len(chunk)
             # abort mid-stream: the rest of an oversized body is never read
-            self._check_size(total, "the body read so far", shown)
-            chunks.append(chunk)
+            self._check_size(wire, "the body read so far", shown)
+            try:
+                piece = decoder.feed(chunk)
+            except InflateLimitExceeded:
+                raise DownloadTooLargeError(
+                    f"the {decoder.encoding}-encoded body inflates past the limit of {limit} "
+                    f"bytes ({wire} bytes received)",
+                    source=shown,
+                ) from None
+            except zlib.error as exc:
+                raise FetchError(
+                    f"corrupt {decoder.encoding}-encoded body: {exc}", source=shown
+                ) from None
+            if piece:
+                chunks.append(piece)
         return b"".join(chunks)
 
     def _timeout_message(self, exc: httpx.TimeoutException) -> str:

@@ -465,6 +465,12 @@ async def test_statistics_count_errors_and_in_flight(server: LoopbackServer) -> 
         ("::ffff:10.0.0.1", {}, "private"),
         ("64:ff9b::a9fe:a9fe", {}, "metadata"),  # NAT64 form of 169.254.169.254
         ("2002:a9fe:a9fe::1", {}, "metadata"),  # 6to4 form of 169.254.169.254
+        ("168.63.129.16", {"allow_private_addresses": True}, "metadata"),  # Azure wire server
+        ("::10.0.0.1", {}, "private"),  # IPv4-compatible
+        ("::ffff:0:a9fe:a9fe", {"allow_private_addresses": True}, "metadata"),  # SIIT
+        ("64:ff9b:1::a00:1", {}, "private"),  # NAT64 local-use
+        ("64:ff9b:1::a00:1", {"allow_private_addresses": True}, None),
+        ("::1", {"allow_loopback": True}, None),
         ("0.0.0.0", {"allow_loopback": True}, "unspecified"),
         ("10.9.0.1", {"allowed_networks": ("10.9.0.0/16",)}, None),
         ("10.8.0.1", {"allowed_networks": ("10.9.0.0/16",)}, "private"),

@@ -1,0 +1,10 @@
+"""Fixtures of the reliability suite."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
