@@ -122,7 +122,9 @@ class Engine:
         )
         self._normalize_mode = "device" if processor.device_normalize else "cpu"
         self._given_fetcher = fetcher
-        self._decoder: Decoder = decoder or PillowDecoder(cfg.decode)
+        #: the decode limit in force: ``decode.max_pixels``, or derived from the adapter
+        self.max_pixels = cfg.decode.resolved_max_pixels(self.processor.max_kept_pixels())
+        self._decoder: Decoder = decoder or PillowDecoder(cfg.decode, max_pixels=self.max_pixels)
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._pipeline: Pipeline | None = None
@@ -214,7 +216,7 @@ class Engine:
             hash=HashStage(
                 cfg.transform_threads,
                 in_thread_bytes=cfg.hash_in_thread_bytes,
-                max_pixels=cfg.decode.max_pixels,
+                max_pixels=self.max_pixels,
             ),
             cache=CacheStage(
                 ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes),
