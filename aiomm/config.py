@@ -232,6 +232,10 @@ class EngineConfig:
     fetch_concurrency: int = 32
     #: requests admitted into the pipeline at once (``process`` calls and ``stream`` slots)
     max_in_flight: int = 64
+    #: requests waiting for one of those slots; one more is shed at once with OverloadedError
+    #: (a server maps it to 429/503) instead of queueing without end. None: 16 per slot
+    #: (``16 * max_in_flight``); 0: shed whenever every slot is taken.
+    max_waiting: int | None = None
     #: decoded image bytes (H*W*3 of the source) admitted at once; a single larger image is
     #: still admitted alone, so nothing starves
     max_decoded_bytes_in_flight: int = 1 << 30
@@ -265,6 +269,10 @@ class EngineConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     processing: MultiModalConfig = field(default_factory=MultiModalConfig)
 
+    def waiting_bound(self) -> int:
+        """Requests that may wait for an admission slot (``max_waiting`` resolved)."""
+        return 16 * self.max_in_flight if self.max_waiting is None else self.max_waiting
+
     def pillow_blocks_kept(self) -> int:
         """Pillow memory blocks the engine keeps for reuse (``decode.pillow_blocks_kept``)."""
         kept = self.decode.pillow_blocks_kept
@@ -284,6 +292,7 @@ class EngineConfig:
         for name in ("cache_capacity_bytes", "host_output_pool_bytes", "hash_in_thread_bytes"):
             _check_int(self, name, minimum=0)
         _check_int(self, "torch_threads", minimum=1, optional=True)
+        _check_int(self, "max_waiting", minimum=0, optional=True)
         _check_choice(self, "visual_dtype", _VISUAL_DTYPES)
         for name, expected in (
             ("fetch", FetchConfig),

@@ -72,6 +72,8 @@ class EngineStats:
     requests_completed: int
     requests_failed: int
     requests_cancelled: int
+    #: refused at once with OverloadedError (``EngineConfig.max_waiting``)
+    requests_shed: int
     images_processed: int
     bytes_to_device: int
     #: per-request latency of each stage (summed over a request's items)
@@ -131,7 +133,7 @@ class Engine:
         self._recorder = StageRecorder()
         self._images = 0
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
-        self.admission = AdmissionStage(cfg.max_in_flight)
+        self.admission = AdmissionStage(cfg.max_in_flight, cfg.waiting_bound())
 
     # ------------------------------------------------------------------ construction
 
@@ -299,6 +301,7 @@ class Engine:
                         f"internal error while processing: {type(exc).__name__}: {exc}"
                     ).with_context(request_id=rid) from exc
         except AiommError as error:
+            error.with_context(request_id=rid)
             timings["total"] = time.perf_counter() - t0
             log.warning("request_failed", request_id=rid, error=type(error).__name__,
                         message=str(error), timings_ms=_ms(timings))  # fmt: skip
@@ -372,6 +375,7 @@ class Engine:
             requests_completed=requests.completed,
             requests_failed=requests.failed,
             requests_cancelled=requests.cancelled,
+            requests_shed=requests.shed,
             images_processed=self._images,
             bytes_to_device=self.device.bytes_moved,
             stages=self._recorder.snapshot(),

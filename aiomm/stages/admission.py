@@ -1,4 +1,5 @@
-"""The admission stage: at most ``max_in_flight`` requests inside the pipeline at once.
+"""The admission stage: at most ``max_in_flight`` requests inside the pipeline at once, and at
+most ``max_waiting`` waiting for a slot; a request beyond both is shed with OverloadedError.
 
 Input: a request about to be processed. Output: a slot held while it is processed (an async
 context manager). Runs on the event loop. Counts every request by how it ended.
@@ -11,6 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import anyio
+
+from aiomm.errors import OverloadedError
 
 from ._stage import Stage, StageStatistics
 
@@ -25,6 +28,10 @@ class AdmissionStatistics:
     completed: int
     failed: int
     cancelled: int
+    #: refused at once with OverloadedError (not counted in ``started``)
+    shed: int
+    #: the bound on waiting requests
+    max_waiting: int
     queue: StageStatistics
 
 
@@ -33,15 +40,24 @@ class AdmissionStage(Stage):
 
     name = "admission"
 
-    def __init__(self, max_in_flight: int) -> None:
+    def __init__(self, max_in_flight: int, max_waiting: int) -> None:
         super().__init__(max_in_flight)
+        self.max_waiting = max_waiting
         self._started = 0
         self._cancelled = 0
+        self._shed = 0
 
     @contextlib.asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
-        """Hold one slot for the enclosed request (waiting for one first)."""
+        """Hold one slot for the enclosed request (waiting for one first).
+
+        :raises OverloadedError: every slot is taken and ``max_waiting`` requests wait already.
+        """
         assert self.limiter is not None
+        s = self.limiter.statistics()
+        if s.borrowed_tokens >= s.total_tokens and s.tasks_waiting >= self.max_waiting:
+            self._shed += 1
+            raise OverloadedError(s.tasks_waiting, s.borrowed_tokens)
         self._started += 1
         try:
             async with self.limiter:
@@ -58,5 +74,7 @@ class AdmissionStage(Stage):
             completed=queue.completed,
             failed=queue.failed,
             cancelled=self._cancelled,
+            shed=self._shed,
+            max_waiting=self.max_waiting,
             queue=queue,
         )

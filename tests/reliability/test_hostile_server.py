@@ -236,3 +236,23 @@ async def test_every_loopback_spelling_is_refused(hostile: HostileServer, host: 
     with pytest.raises((BlockedAddressError, InvalidSourceError)):
         await fetch(f"http://{host}:{hostile.port}/spelling", strict)
     assert hostile.hits.get("/spelling", 0) == 0  # refused before connecting
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "http://a\x1b[2J.test/x.png",  # httpx echoes the bad character in its message
+        "ftp://x/\x1b]0;title\x07",
+        "http://[::1\r\nX-Forged: 1",
+        "data:image/png;base64,\x00\x1b[31m",
+        "relative/\x1b[2Jpath.png",  # local paths disabled: the error names the path
+        "gopher://\u202eevil",  # a bidi override: not printable either
+    ],
+)
+async def test_error_messages_never_echo_control_characters(source: str) -> None:
+    with pytest.raises(FetchError) as info:
+        await fetch(source)
+    text = str(info.value)
+    assert text.isprintable(), repr(text)
+    assert info.value.source is not None and info.value.source.isprintable()
+    assert "\\x1b" in text or "\\r" in text or "\\x00" in text or "\\u202e" in text
