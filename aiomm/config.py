@@ -119,11 +119,14 @@ class FetchConfig:
     #: local paths and ``file:`` URLs are read only under this directory; None refuses them all
     allowed_local_root: Path | None = None
     user_agent: str = "aiomm/0.1"
+    #: threads resolving host names at once (the fetcher's own pool, not anyio's default one)
+    dns_threads: int = 8
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "read_timeout", "total_timeout"):
             _check_positive_number(self, name)
         _check_int(self, "max_bytes", minimum=1)
+        _check_int(self, "dns_threads", minimum=1)
         _check_int(self, "max_redirects", minimum=0)
         networks: list[IPNetwork] = []
         for i, net in enumerate(self.allowed_networks):

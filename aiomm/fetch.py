@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import errno
 import http.cookiejar
 import ipaddress
 import os
@@ -190,6 +191,9 @@ class _GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
     def __init__(self, config: FetchConfig) -> None:
         self._config = config
         self._inner = httpcore.AnyIOBackend()
+        # Resolution blocks a thread; the fetcher's own limiter keeps a slow resolver from
+        # taking anyio's default pool, which local reads and hashing share.
+        self._dns_limiter = anyio.CapacityLimiter(config.dns_threads)
 
     async def connect_tcp(
         self,
@@ -231,8 +235,10 @@ class _GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         except ValueError:
             pass
         try:
-            infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
+            infos = await anyio.to_thread.run_sync(
+                _lookup, host, port, limiter=self._dns_limiter, abandon_on_cancel=True
+            )
+        except (OSError, UnicodeError) as exc:
             raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
         addresses: list[IPAddress] = []
         for family, _type, _proto, _name, sockaddr in infos:
@@ -563,6 +569,12 @@ class MediaFetcher:
         )
 
 
+def _lookup(host: str, port: int) -> list[Any]:
+    """Worker thread: the system resolver's answers for ``host`` (IDNA-encoded, as anyio does)."""
+    encoded = host.encode("idna").decode("ascii") if not host.isascii() else host
+    return socket.getaddrinfo(encoded, port, type=socket.SOCK_STREAM)
+
+
 def _no_cookies() -> http.cookiejar.CookieJar:
     return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
@@ -599,6 +611,58 @@ def _file_url_path(url: str) -> Path:
     return Path(unquote(parts.path))
 
 
+class _LinkSwapped(OSError):
+    """A component of an already-resolved path is now a symbolic link."""
+
+
+def _open_beneath(root: Path, relative: Path) -> int:
+    """Open ``root / relative`` for reading, following no link after ``root``.
+
+    ``relative`` was resolved (its links followed and checked) just before; walking it again one
+    component at a time with ``O_NOFOLLOW``, each opened relative to its parent's descriptor,
+    means a link swapped in since the check is refused instead of followed out of the root.
+    """
+    # O_NONBLOCK: opening a FIFO would otherwise block this thread until a writer appears.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    parts = relative.parts
+    if os.open not in os.supports_dir_fd or not hasattr(os, "O_NOFOLLOW"):
+        return os.open(root.joinpath(*parts), flags)  # pragma: no cover - not on Linux/macOS
+    nofollow = os.O_NOFOLLOW
+    directory = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | nofollow
+    dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if not parts:  # the root itself: a directory, refused by the caller's fstat
+            return os.dup(dir_fd)
+        for part in parts[:-1]:
+            try:
+                next_fd = os.open(part, directory, dir_fd=dir_fd)
+            except OSError as exc:
+                _raise_if_link(exc, part, dir_fd)
+                raise
+            os.close(dir_fd)
+            dir_fd = next_fd
+        try:
+            return os.open(parts[-1], flags | nofollow, dir_fd=dir_fd)
+        except OSError as exc:
+            _raise_if_link(exc, parts[-1], dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+def _raise_if_link(exc: OSError, name: str, dir_fd: int) -> None:
+    # O_NOFOLLOW on a link fails with ELOOP (ENOTDIR with O_DIRECTORY); a plain file in a
+    # directory's place fails with ENOTDIR too, and is not a link.
+    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+        return
+    try:
+        is_link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return
+    if is_link:
+        raise _LinkSwapped(exc.errno, exc.strerror) from exc
+
+
 def _read_under_root(path: Path, root: Path, max_bytes: int, shown: str) -> bytes:
     """Worker thread: read ``path`` if, symlinks and ``..`` resolved, it lies under ``root``."""
     try:
@@ -611,12 +675,15 @@ def _read_under_root(path: Path, root: Path, max_bytes: int, shown: str) -> byte
     # The root itself is not shown: it is the server's layout, not the caller's business.
     if not resolved.is_relative_to(real_root):
         raise PathNotAllowedError("path is outside the allowed local root", source=shown)
-    # O_NONBLOCK: opening a FIFO would otherwise block this thread until a writer appears.
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(resolved, flags)
+        fd = _open_beneath(real_root, resolved.relative_to(real_root))
     except FileNotFoundError as exc:
         raise FetchError("no such file", source=shown) from exc
+    except _LinkSwapped as exc:
+        raise PathNotAllowedError(
+            "a link appeared in the path while it was opened (refused, not followed)",
+            source=shown,
+        ) from exc
     except OSError as exc:
         raise FetchError(f"cannot open the file: {exc.strerror}", source=shown) from exc
     try:
