@@ -37,8 +37,10 @@ __all__ = (
     "decode_peak_bytes",
     "image_from_object",
     "keep_pillow_blocks",
+    "pillow_blocks_limit",
     "probe_image",
     "probe_image_size",
+    "release_pillow_blocks",
 )
 
 # Pillow's modes for 16-bit (and 32-bit integer) greyscale.
@@ -66,14 +68,26 @@ def keep_pillow_blocks(blocks: int) -> int:
 
     Raises Pillow's limit to ``blocks`` and never lowers it (another engine, or the
     ``PILLOW_BLOCKS_MAX`` environment variable, may have asked for more). Returns the limit now
-    in force.
+    in force; :func:`release_pillow_blocks` with the limit from before undoes it.
     """
     core = PIL.Image.core
-    current = int(core.get_blocks_max())
+    current = pillow_blocks_limit()
     if blocks > current:
         core.set_blocks_max(blocks)
         current = blocks
     return current
+
+
+def pillow_blocks_limit() -> int:
+    """How many freed image-memory blocks Pillow keeps at most now."""
+    return int(PIL.Image.core.get_blocks_max())
+
+
+def release_pillow_blocks(blocks_max: int) -> None:
+    """Free the blocks Pillow keeps and set its limit back to ``blocks_max``."""
+    core = PIL.Image.core
+    core.set_blocks_max(blocks_max)
+    core.clear_cache()
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ import anyio
 import anyio.abc
 import torch
 
+from aiomm import memory
 from aiomm.admission import ByteBudget, ByteBudgetStatistics
 from aiomm.config import EngineConfig
-from aiomm.decode import keep_pillow_blocks
+from aiomm.decode import keep_pillow_blocks, pillow_blocks_limit, release_pillow_blocks
 from aiomm.device import DeviceStage, DeviceStageStatistics
 from aiomm.errors import AiommError, ConfigError, EngineClosedError, ProcessingError
 from aiomm.fetch import MediaFetcher
@@ -128,6 +129,7 @@ class Engine:
         self.max_pixels = cfg.decode.resolved_max_pixels(self.processor.max_kept_pixels())
         self._decoder: Decoder = decoder or PillowDecoder(cfg.decode, max_pixels=self.max_pixels)
         self._tg: anyio.abc.TaskGroup | None = None
+        self._counted = False  # counted among the process's open engines (aiomm.memory)
         self._stack: contextlib.AsyncExitStack | None = None
         self._pipeline: Pipeline | None = None
         self._recorder = StageRecorder()
@@ -195,11 +197,20 @@ class Engine:
         if self._tg is not None:
             raise EngineClosedError("this Engine is already open")
         cfg = self.config
+        # Process-wide settings: the last engine to close undoes them (aiomm.memory).
+        memory.engine_opened()
+        self._counted = True
         if cfg.torch_threads is not None:
+            threads_before = torch.get_num_threads()
             torch.set_num_threads(cfg.torch_threads)
+            memory.undo_on_last_close(
+                "torch_threads", lambda: torch.set_num_threads(threads_before)
+            )
+        blocks_before = pillow_blocks_limit()
         keep_pillow_blocks(cfg.pillow_blocks_kept())
-        if cfg.tune_malloc:
-            tune_malloc()
+        memory.undo_on_last_close("pillow_blocks", lambda: release_pillow_blocks(blocks_before))
+        if cfg.tune_malloc and tune_malloc():
+            memory.undo_on_last_close("malloc", memory.untune_malloc)
         stack = contextlib.AsyncExitStack()
         try:
             fetcher = self._given_fetcher
@@ -208,6 +219,7 @@ class Engine:
             tg = await stack.enter_async_context(anyio.create_task_group())
         except BaseException:
             await stack.aclose()
+            self._release_process_settings()
             raise
         if self.device.pool is not None and self.device.device.type == "cuda":
             # pinned allocation is slow and takes locks: do it before the first request
@@ -240,8 +252,14 @@ class Engine:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel and join everything the engine started; idempotent."""
+        """Cancel and join everything the engine started; idempotent.
+
+        Closing the last open engine of the process also gives memory back: Pillow's kept
+        blocks are freed, the process-wide settings the engines changed are restored and the
+        heap is trimmed (see :mod:`aiomm.memory` for what stays).
+        """
         if self._tg is None or self._stack is None:
+            self._release_process_settings()
             return
         tg, stack = self._tg, self._stack
         self._tg = self._stack = None
@@ -252,7 +270,13 @@ class Engine:
         if self.device.host_outputs is not None:
             # results still held by callers keep their memory; idle blocks go now
             self.device.host_outputs.clear()
+        self._release_process_settings()
         log.info("engine_closed", adapter=self.adapter_id)
+
+    def _release_process_settings(self) -> None:
+        if self._counted:
+            self._counted = False
+            memory.release_after_last_engine()
 
     @property
     def task_group(self) -> anyio.abc.TaskGroup:
