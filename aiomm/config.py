@@ -276,6 +276,11 @@ class EngineConfig:
         """Requests that may wait for an admission slot (``max_waiting`` resolved)."""
         return 16 * self.max_in_flight if self.max_waiting is None else self.max_waiting
 
+    def network_slots(self) -> int:
+        """Admission slots requests with a network URL may hold at once: ``fetch_concurrency``,
+        at most half of ``max_in_flight`` (at least one), so slow downloads never take them all."""
+        return max(1, min(self.fetch_concurrency, self.max_in_flight // 2))
+
     def pillow_blocks_kept(self) -> int:
         """Pillow memory blocks the engine keeps for reuse (``decode.pillow_blocks_kept``)."""
         kept = self.decode.pillow_blocks_kept

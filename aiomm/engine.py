@@ -46,6 +46,7 @@ from aiomm.stages import (
     PillowDecoder,
     StageStatistics,
     TransformStage,
+    is_network,
 )
 from aiomm.stats import LatencyStats, StageRecorder
 from aiomm.stream import ResultStream
@@ -135,7 +136,9 @@ class Engine:
         self._recorder = StageRecorder()
         self._images = 0
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
-        self.admission = AdmissionStage(cfg.max_in_flight, cfg.waiting_bound())
+        self.admission = AdmissionStage(
+            cfg.max_in_flight, cfg.waiting_bound(), network_slots=cfg.network_slots()
+        )
 
     # ------------------------------------------------------------------ construction
 
@@ -313,7 +316,8 @@ class Engine:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         try:
-            async with self.admission.admit():
+            network = any(is_network(source) for source in request.images)
+            async with self.admission.admit(network=network):
                 timings["admission"] = time.perf_counter() - t0
                 try:
                     result = await self._pipeline.run(rid, request, timings)
@@ -387,6 +391,8 @@ class Engine:
             )
             if s is not None
         }
+        lane = requests.network
+        queues["network"] = LimiterStats(lane.capacity, lane.in_use, lane.waiting)
         workers = self.device.workers.statistics()
         queues["device"] = LimiterStats(
             int(workers.total_tokens), workers.borrowed_tokens, workers.tasks_waiting

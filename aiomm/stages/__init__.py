@@ -28,6 +28,7 @@ from .cache import CacheStage as CacheStage
 from .hashing import HashStage as HashStage
 from .load import Fetcher as Fetcher
 from .load import LoadStage as LoadStage
+from .load import is_network as is_network
 from .output import OutputStage as OutputStage
 from .transform import Decoder as Decoder
 from .transform import PillowDecoder as PillowDecoder
@@ -47,4 +48,5 @@ __all__ = (
     "Stage",
     "StageStatistics",
     "TransformStage",
+    "is_network",
 )

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fuzzing import FORMATS, corrupt, encoded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiomm.adapters import build_processor
 from aiomm.decode import decode_image, probe_image
 from aiomm.errors import AiommError, DecodeError, ImageTooLargeError, ProcessingError
-
-from .fuzzing import FORMATS, corrupt, encoded
 
 MAX_PIXELS = 4 * 2**20
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hostile_server import HostileServer, fixed, gzip_bomb, head, nested_gzip
 
 from aiomm.errors import (
     BlockedAddressError,
@@ -24,8 +25,6 @@ from aiomm.errors import (
     TooManyRedirectsError,
 )
 from aiomm.fetch import FetchConfig, MediaFetcher
-
-from .hostile import HostileServer, fixed, gzip_bomb, head, nested_gzip
 
 CAP = 1 << 20
 CONFIG = FetchConfig(

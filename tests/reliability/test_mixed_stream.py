@@ -15,14 +15,13 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from hostile_server import HostileServer, fixed, gzip_bomb, head, nested_gzip
 
 from aiomm.config import EngineConfig, FetchConfig
 from aiomm.engine import Engine
 from aiomm.errors import AiommError
 from aiomm.samples import encode, photo_like
 from aiomm.types import Request, Result
-
-from .hostile import HostileServer, fixed, gzip_bomb, head, nested_gzip
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
 

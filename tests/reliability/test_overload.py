@@ -44,7 +44,8 @@ class GateFetcher:
 
 async def test_requests_beyond_the_waiting_bound_are_shed_typed(make_processor) -> None:
     fetcher = GateFetcher()
-    config = EngineConfig(device="cpu", max_in_flight=2, max_waiting=3, fetch_concurrency=8)
+    # network requests hold at most half the slots: a lane of 2
+    config = EngineConfig(device="cpu", max_in_flight=4, max_waiting=3, fetch_concurrency=8)
     outcomes: list[str] = []
     async with Engine(make_processor(), config, fetcher=fetcher) as engine:
 
@@ -64,7 +65,7 @@ async def test_requests_beyond_the_waiting_bound_are_shed_typed(make_processor) 
             assert (info.value.in_flight, info.value.waiting) == (2, 3)
             assert "2 requests in flight and 3 waiting" in str(info.value)
             stats = engine.stats()
-            assert stats.requests_shed == 1 and stats.queues["requests"].waiting == 3
+            assert stats.requests_shed == 1 and stats.queues["network"].waiting == 3
             fetcher.gate.set()
         final = engine.stats()
     assert outcomes == ["ok"] * 5  # every admitted or waiting request still completes
@@ -83,6 +84,27 @@ async def test_zero_waiting_sheds_as_soon_as_every_slot_is_taken(make_processor)
             fetcher.gate.set()
         # with the slot free again, the same request is admitted
         await engine.process(Request(prompt=PH, images=[jpeg(1)]))
+
+
+async def test_a_slow_loris_flood_never_takes_every_slot(make_processor) -> None:
+    # before: 16 slow downloads held all 16 slots and every inline request behind them was shed
+    fetcher = GateFetcher()
+    config = EngineConfig(device="cpu", max_in_flight=16, max_waiting=4, fetch_concurrency=32)
+    async with Engine(make_processor(), config, fetcher=fetcher) as engine:
+        async with anyio.create_task_group() as tg:
+            for _ in range(40):  # 8 admitted, 4 waiting, 28 shed
+                tg.start_soon(engine.process_safe, Request(prompt=PH, images=[SLOW]))
+            await anyio.wait_all_tasks_blocked()
+            stats = engine.stats()
+            assert stats.queues["network"].in_use == 8 == stats.queues["requests"].in_use
+            assert stats.requests_shed == 28
+            with anyio.fail_after(10):  # long before any download can finish
+                for seed in range(4):
+                    assert (
+                        await engine.process(Request(prompt=PH, images=[jpeg(seed)]))
+                    ).error is None
+            fetcher.gate.set()
+    assert config.network_slots() == 8
 
 
 def test_max_waiting_config() -> None:
