@@ -239,8 +239,9 @@ class EngineConfig:
     #: (a server maps it to 429/503) instead of queueing without end. None: 16 per slot
     #: (``16 * max_in_flight``); 0: shed whenever every slot is taken.
     max_waiting: int | None = None
-    #: decoded image bytes (H*W*3 of the source) admitted at once; a single larger image is
-    #: still admitted alone, so nothing starves
+    #: bytes of decodes admitted at once, each counted at its peak (by the image's mode: about
+    #: 11 bytes a pixel for RGB, 12 for 1-bit and greyscale, 24 with alpha; an in-memory array
+    #: at its size); a single larger image is still admitted alone, so nothing starves
     max_decoded_bytes_in_flight: int = 1 << 30
     #: in-process cache of per-item outputs, bounded in bytes; 0 disables caching
     cache_capacity_bytes: int = 4 << 30
