@@ -6,7 +6,8 @@ stage imports another):
 =============  =========================================  ==================================
 stage          work                                       runs on / bounded by
 =============  =========================================  ==================================
-admission      one slot per request                       loop; ``max_in_flight``
+admission      one slot per request (network requests     loop; ``max_in_flight``,
+               in a lane of their own); sheds overload    ``max_waiting``
 load           URL / data URL / path -> encoded bytes     loop (async I/O); network fetches
                                                           by ``fetch_concurrency``
 hash           blake3 of encoded bytes or pixels          loop, or a thread for large inputs
