@@ -593,7 +593,29 @@ def _parse_http_url(url: str, *, first: bool) -> httpx.URL:
         )
     if not parsed.host:
         raise InvalidSourceError(f"{what} has no host", source=_shown(url))
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise InvalidSourceError(
+            f"{what} has port {parsed.port}, outside 1..65535", source=_shown(url)
+        )
+    if not _valid_host(parsed.raw_host.decode("ascii", "replace")):  # IDNA names in ASCII
+        raise InvalidSourceError(
+            f"{what} has an invalid host {parsed.host[:80]!r}", source=_shown(url)
+        )
     return parsed
+
+
+# A DNS name as resolvers take it (underscores included, as some internal names have them).
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return True
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.match(label) for label in name.split("."))
 
 
 def _b64decode(payload: str) -> bytes:

@@ -255,3 +255,26 @@ async def test_error_messages_never_echo_control_characters(source: str) -> None
     assert text.isprintable(), repr(text)
     assert info.value.source is not None and info.value.source.isprintable()
     assert "\\x1b" in text or "\\r" in text or "\\x00" in text or "\\u202e" in text
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "http://[::1",
+        "https://[",
+        "http://a b/",
+        "http://%zz/",
+        "http://x:abc/",
+        "http://[::1]:99999/",
+        "https://example.com:-1/",
+        "http://" + "a" * 64 + ".example/",
+        "http://-bad-.example/",
+        "http:///path",
+        "HTTP://[zz::1]/",
+    ],
+)
+async def test_every_malformed_url_is_an_invalid_source_naming_it(source: str) -> None:
+    # refused before any resolution or connection: nothing here may reach a resolver
+    with pytest.raises(InvalidSourceError) as info:
+        await fetch(source)
+    assert info.value.source is not None and info.value.source[:10] == source[:10]
