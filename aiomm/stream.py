@@ -105,7 +105,12 @@ class ResultStream:
         self._started = True
         send, self._send = self._send, None
         assert send is not None
-        self._task_group().start_soon(self._produce, send)
+        try:
+            self._task_group().start_soon(self._produce, send)
+        except BaseException:  # e.g. the engine is closed: no producer will ever run
+            send.close()
+            self._done.set()
+            raise
 
     async def _produce(self, send: anyio.abc.ObjectSendStream[tuple[int, Result]]) -> None:
         source: Any = self._source

@@ -7,6 +7,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 
@@ -114,3 +115,17 @@ async def test_a_source_that_raises_while_closing_ends_the_stream_with_it() -> N
         async with stream:
             with anyio.fail_after(5):
                 assert (await stream.__anext__()).request_id == "0"
+
+
+async def test_a_stream_of_a_closed_engine_closes_at_once() -> None:
+    from aiomm.errors import EngineClosedError
+
+    def closed() -> anyio.abc.TaskGroup:
+        raise EngineClosedError("the engine is not open")
+
+    stream = ResultStream(closed, echo, requests(3), ordered=True, max_in_flight=2,
+                          raise_errors=False)  # fmt: skip
+    with anyio.fail_after(2):  # before: aclose waited for a producer that never started
+        async with stream:
+            with pytest.raises(EngineClosedError):
+                await stream.__anext__()
