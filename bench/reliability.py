@@ -261,7 +261,7 @@ async def open_loop(  # type: ignore[no-untyped-def]
 
 async def overload(processor, server: HostileServer, seconds: float) -> None:  # type: ignore[no-untyped-def]
     images = [jpeg(200 + i) for i in range(64)]
-    cap = await capacity(processor, images, 300)
+    cap = await capacity(processor, images, 60 if seconds < 1 else 300)
     print(f"overload: capacity {cap:.0f} req/s closed loop (inline 96x128 JPEG, cache off); "
           "max_in_flight 16, max_waiting 32; 1 in 5 arrivals a slow-loris URL")  # fmt: skip
     for factor in (2, 5):
@@ -406,23 +406,34 @@ def fuzz(seconds: int) -> None:
         print(log[-3000:])
 
 
+#: (hostile mix requests, overload seconds, storm requests, soak requests, engines, fuzz seconds)
+SIZES = {
+    "smoke": (30, 0.5, 50, 200, 2, 2),
+    "quick": (90, 2.0, 200, 1000, 5, 5),
+}
+
+
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     processor = build_processor("qwen2-vl")
-    print(f"reliability run: {'quick' if args.quick else 'full'}, {os.cpu_count()} cores, "
-          f"RSS {rss_mib():.0f} MiB at start")  # fmt: skip
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mix, seconds, storm, soak_n, engines, fuzz_s = SIZES.get(
+        mode, (900, 10.0, 2000, args.soak, 50, args.fuzz_seconds)
+    )
+    print(f"reliability run: {mode}, {os.cpu_count()} cores, RSS {rss_mib():.0f} MiB at start")
     with HostileServer(ROUTES).running() as server:
-        await hostile_mix(processor, server, 90 if args.quick else 900)
-        await overload(processor, server, 2.0 if args.quick else 10.0)
-        await cancellation_storm(processor, server, 200 if args.quick else 2000)
-    await soak(processor, 1000 if args.quick else args.soak)
-    await restarts(processor, 5 if args.quick else 50)
-    fuzz(5 if args.quick else args.fuzz_seconds)
+        await hostile_mix(processor, server, mix)
+        await overload(processor, server, seconds)
+        await cancellation_storm(processor, server, storm)
+    await soak(processor, soak_n)
+    await restarts(processor, engines)
+    fuzz(fuzz_s)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (the test's run)")
     parser.add_argument("--soak", type=int, default=12_000, help="soak requests (>= 10,000)")
     parser.add_argument("--fuzz-seconds", type=int, default=60)
     anyio.run(main, parser.parse_args())

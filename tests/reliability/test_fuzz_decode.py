@@ -35,7 +35,7 @@ def processor():
     return build_processor("qwen2-vl")
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           derandomize=True)  # fmt: skip
 @given(case=image_files())
 def test_decode_and_transform_fail_only_typed(processor, case: tuple[bytes, str]) -> None:
