@@ -256,6 +256,10 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         """The image processor's kwargs that the transform reads; others would be ignored."""
         return super().allowed_hf_kwargs() & (_COMMON_KWARGS | self.extra_kwargs)
 
+    def max_kept_pixels(self) -> int | None:
+        """The upper pixel bound of the resize (``size.longest_edge``)."""
+        return self._bounds({})[1]
+
     def _bounds(self, hf_kwargs: Mapping[str, Any]) -> tuple[int, int]:
         shortest, longest = size_edges(hf_kwargs.get("size", self.image_processor.size))
         if not shortest or not longest:

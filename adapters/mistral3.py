@@ -151,6 +151,11 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
         """The image processor's kwargs that the transform reads; others would be ignored."""
         return super().allowed_hf_kwargs() & _KWARGS
 
+    def max_kept_pixels(self) -> int | None:
+        """Both sides at most ``longest_edge`` (or the ``height`` x ``width`` box)."""
+        params = self._resolve_params({})
+        return int(params.max_height) * int(params.max_width)
+
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
         ip = self.image_processor
         size = hf_kwargs.get("size", ip.size)

@@ -224,6 +224,11 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
 
     # kwargs ---------------------------------------------------------------------------------
 
+    def max_kept_pixels(self) -> int | None:
+        """``size.longest_edge``: smart_resize keeps at most that many pixels."""
+        _, longest = size_edges(self.hf_processor.image_processor.size)
+        return None if longest is None else int(longest)
+
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
         ip = self.image_processor
         shortest, longest = size_edges(hf_kwargs.get("size", ip.size))

@@ -25,6 +25,7 @@ from .errors import KernelInputError as KernelInputError
 from .errors import LayoutError as LayoutError
 from .errors import MediaError as MediaError
 from .errors import OutputBufferError as OutputBufferError
+from .errors import OverloadedError as OverloadedError
 from .errors import PathNotAllowedError as PathNotAllowedError
 from .errors import PixelValueRoundingError as PixelValueRoundingError
 from .errors import ProcessingError as ProcessingError
@@ -94,6 +95,7 @@ __all__ = (
     "MediaError",
     "MultiModalConfig",
     "OutputBufferError",
+    "OverloadedError",
     "PathNotAllowedError",
     "PixelValueRoundingError",
     "PlaceholderRange",

@@ -17,7 +17,10 @@ from typing import Literal
 from aiomm.errors import ConfigError
 
 __all__ = (
+    "DEFAULT_FORMATS",
     "DEFAULT_MAX_PIXELS",
+    "MAX_PIXELS_SAFETY_FACTOR",
+    "MIN_DERIVED_MAX_PIXELS",
     "DecodeConfig",
     "EngineConfig",
     "FetchConfig",
@@ -31,8 +34,15 @@ VisualDtype = Literal["bfloat16", "float16", "float32"]
 TransformMode = Literal["auto", "hf", "native"]
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-#: 64 Mi pixels, e.g. 8192 x 8192: a 192 MiB RGB array.
+#: 64 Mi pixels, e.g. 8192 x 8192: a 192 MiB RGB array. The ceiling of the engine's derived
+#: limit, and the limit of the decode functions used on their own.
 DEFAULT_MAX_PIXELS = 64 * 2**20
+#: The engine's derived limit never refuses less than this (24 Mi pixels: a 24-megapixel photo).
+MIN_DERIVED_MAX_PIXELS = 24 * 2**20
+#: The engine's limit is this many times the pixels the adapter's transform keeps at most.
+MAX_PIXELS_SAFETY_FACTOR = 2
+#: Pillow formats decoded by default; a name whose plugin is not installed is skipped.
+DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF", "HEIF")
 
 _VISUAL_DTYPES = ("bfloat16", "float16", "float32")
 _TRANSFORM_MODES = ("auto", "hf", "native")
@@ -111,11 +121,14 @@ class FetchConfig:
     #: local paths and ``file:`` URLs are read only under this directory; None refuses them all
     allowed_local_root: Path | None = None
     user_agent: str = "aiomm/0.1"
+    #: threads resolving host names at once (the fetcher's own pool, not anyio's default one)
+    dns_threads: int = 8
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "read_timeout", "total_timeout"):
             _check_positive_number(self, name)
         _check_int(self, "max_bytes", minimum=1)
+        _check_int(self, "dns_threads", minimum=1)
         _check_int(self, "max_redirects", minimum=0)
         networks: list[IPNetwork] = []
         for i, net in enumerate(self.allowed_networks):
@@ -142,22 +155,50 @@ class FetchConfig:
 class DecodeConfig:
     """Limits of the decode stage.
 
-    :raises ConfigError: ``max_pixels`` not a positive integer, or ``pillow_blocks_kept`` < 0.
+    :raises ConfigError: ``max_pixels`` or ``max_pixels_per_byte`` not a positive integer or
+        None, ``pillow_blocks_kept`` < 0, or ``formats`` not a tuple of format names.
     """
 
     #: largest ``width * height`` decoded; larger images raise ImageTooLargeError unread.
-    #: Pillow itself refuses images above ``2 * PIL.Image.MAX_IMAGE_PIXELS`` (about 179 Mi
-    #: pixels), so a larger value has no effect unless the application raises Pillow's limit.
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    #: None: the engine derives it from its adapter: :data:`MAX_PIXELS_SAFETY_FACTOR` times the
+    #: pixels the adapter's transform keeps at most (larger sources are only scaled down), within
+    #: [:data:`MIN_DERIVED_MAX_PIXELS`, :data:`DEFAULT_MAX_PIXELS`]; without an engine,
+    #: :data:`DEFAULT_MAX_PIXELS`. Pillow itself refuses images above
+    #: ``2 * PIL.Image.MAX_IMAGE_PIXELS`` (about 179 Mi pixels) unless the application raises it.
+    max_pixels: int | None = None
+    #: Pillow formats opened (``PIL.Image.open``'s ``formats``); every other plugin is off, so
+    #: e.g. EPS (which runs Ghostscript) is never reached. Names without a plugin are skipped.
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+    #: largest pixels per encoded byte of an image above 4 Mi pixels: a few bytes claiming
+    #: millions of pixels are a bomb (deflate, the best ratio of these formats on real images,
+    #: packs about 8 thousand 1-bit pixels into a byte). None: no limit.
+    max_pixels_per_byte: int | None = 8192
     #: Pillow image-memory blocks (16 MiB each by default) kept for reuse between decodes,
     #: process-wide. Without them every decode maps fresh memory that the kernel zero-fills page
     #: by page, about a fifth of a JPEG decode. None: four per transform thread; 0: Pillow's
-    #: default (none kept). The engine raises Pillow's setting to this, never lowers it.
+    #: default (none kept). The engine raises Pillow's setting to this while it is open.
     pillow_blocks_kept: int | None = None
 
+    def resolved_max_pixels(self, adapter_pixels: int | None = None) -> int:
+        """``max_pixels``, or when None the limit derived from ``adapter_pixels`` (the most
+        pixels the adapter's transform keeps; None: unknown, :data:`DEFAULT_MAX_PIXELS`)."""
+        if self.max_pixels is not None:
+            return self.max_pixels
+        if adapter_pixels is None:
+            return DEFAULT_MAX_PIXELS
+        derived = adapter_pixels * MAX_PIXELS_SAFETY_FACTOR
+        return max(MIN_DERIVED_MAX_PIXELS, min(DEFAULT_MAX_PIXELS, derived))
+
     def __post_init__(self) -> None:
-        _check_int(self, "max_pixels", minimum=1)
+        _check_int(self, "max_pixels", minimum=1, optional=True)
+        _check_int(self, "max_pixels_per_byte", minimum=1, optional=True)
         _check_int(self, "pillow_blocks_kept", minimum=0, optional=True)
+        formats = self.formats
+        if isinstance(formats, str) or not all(isinstance(f, str) and f for f in formats):
+            raise ConfigError(
+                f"DecodeConfig.formats must be a tuple of Pillow format names, got {formats!r}"
+            )
+        object.__setattr__(self, "formats", tuple(f.upper() for f in formats))
 
 
 @dataclass(frozen=True)
@@ -269,8 +310,13 @@ class EngineConfig:
     fetch_concurrency: int = 32
     #: requests admitted into the pipeline at once (``process`` calls and ``stream`` slots)
     max_in_flight: int = 64
-    #: decoded image bytes (H*W*3 of the source) admitted at once; a single larger image is
-    #: still admitted alone, so nothing starves
+    #: requests waiting for one of those slots; one more is shed at once with OverloadedError
+    #: (a server maps it to 429/503) instead of queueing without end. None: 16 per slot
+    #: (``16 * max_in_flight``); 0: shed whenever every slot is taken.
+    max_waiting: int | None = None
+    #: bytes of decodes admitted at once, each counted at its peak (by the image's mode: about
+    #: 11 bytes a pixel for RGB, 12 for 1-bit and greyscale, 24 with alpha; an in-memory array
+    #: at its size); a single larger image is still admitted alone, so nothing starves
     max_decoded_bytes_in_flight: int = 1 << 30
     #: in-process cache of per-item outputs, bounded in bytes; 0 disables caching
     cache_capacity_bytes: int = 4 << 30
@@ -313,6 +359,15 @@ class EngineConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     processing: MultiModalConfig = field(default_factory=MultiModalConfig)
 
+    def waiting_bound(self) -> int:
+        """Requests that may wait for an admission slot (``max_waiting`` resolved)."""
+        return 16 * self.max_in_flight if self.max_waiting is None else self.max_waiting
+
+    def network_slots(self) -> int:
+        """Admission slots requests with a network URL may hold at once: ``fetch_concurrency``,
+        at most half of ``max_in_flight`` (at least one), so slow downloads never take them all."""
+        return max(1, min(self.fetch_concurrency, self.max_in_flight // 2))
+
     def pillow_blocks_kept(self) -> int:
         """Pillow memory blocks the engine keeps for reuse (``decode.pillow_blocks_kept``)."""
         kept = self.decode.pillow_blocks_kept
@@ -332,6 +387,7 @@ class EngineConfig:
         for name in ("cache_capacity_bytes", "host_output_pool_bytes", "hash_in_thread_bytes"):
             _check_int(self, name, minimum=0)
         _check_int(self, "torch_threads", minimum=1, optional=True)
+        _check_int(self, "max_waiting", minimum=0, optional=True)
         _check_choice(self, "visual_dtype", _VISUAL_DTYPES)
         for name, expected in (
             ("fetch", FetchConfig),

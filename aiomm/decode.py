@@ -1,7 +1,11 @@
 """The decode stage: encoded image bytes (or an in-memory image) -> an ``H x W x 3`` uint8 array.
 
-Synchronous; runs in a worker thread. The pixel count is checked against ``max_pixels`` from the
-header, before any pixel is decoded, so a decompression bomb costs a header parse. The result
+Synchronous; runs in a worker thread. Only the formats of ``DecodeConfig.formats`` are opened.
+The pixel count is checked against ``max_pixels`` (and against the encoded size,
+``max_pixels_per_byte``) from the header, before any pixel is decoded, so a decompression bomb
+costs a header parse; :func:`probe_image` also reports the peak memory the decode will take
+(mode and conversions included), which the transform stage admits against its byte budget.
+A truncated file is refused whatever ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` says. The result
 matches HF's ``convert_to_rgb`` (transparency composited on white, greyscale and palette
 expanded), except for 16-bit greyscale, which is scaled to 8 bits instead of clipped. EXIF
 orientation is not applied, as HF image processors do not apply it. Of a multi-frame image (GIF,
@@ -10,14 +14,17 @@ APNG, TIFF) only the first frame is used.
 
 from __future__ import annotations
 
+import functools
 import io
 import threading
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import PIL.Image
 
+from aiomm.config import DEFAULT_FORMATS as DEFAULT_FORMATS
 from aiomm.config import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS
 from aiomm.config import DecodeConfig as DecodeConfig
 from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError, ProcessingError
@@ -25,15 +32,31 @@ from aiomm.processing.image_ops import to_rgb_array
 
 __all__ = (
     "DecodeConfig",
+    "ImageInfo",
     "decode_image",
+    "decode_peak_bytes",
     "image_from_object",
     "keep_pillow_blocks",
+    "pillow_blocks_limit",
+    "probe_image",
     "probe_image_size",
+    "release_pillow_blocks",
 )
 
 # Pillow's modes for 16-bit (and 32-bit integer) greyscale.
 _WIDE_GREY_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 _MESSAGE_CHARS = 80
+# The pixels-per-byte limit applies above this size; smaller images cost little whatever they are.
+_DENSITY_FLOOR_PIXELS = 4 * 2**20
+
+# Peak bytes per pixel of decode_image by the decoded mode, measured (tests/media/test_decode.py
+# test_peak_bytes_cover_the_measured_peak): Pillow stores every 3- and 4-band mode in 4 bytes a
+# pixel, converting to RGB makes another image, and handing it to numpy copies it (tobytes).
+# Alpha adds the compositing images; WebP decodes into a buffer of its own first.
+_PEAK_BYTES_PER_PIXEL = {"1": 12, "L": 12, "P": 12, "RGB": 11, "I;16": 11, "CMYK": 15, "YCbCr": 15}
+_PEAK_WITH_ALPHA = 24
+_PEAK_OTHER = 24
+_PEAK_WEBP_EXTRA = 9
 
 # warnings.catch_warnings() swaps the process-wide filter list, so two threads inside it at once
 # can restore each other's filters; the lock serialises only Image.open, a header parse.
@@ -45,36 +68,110 @@ def keep_pillow_blocks(blocks: int) -> int:
 
     Raises Pillow's limit to ``blocks`` and never lowers it (another engine, or the
     ``PILLOW_BLOCKS_MAX`` environment variable, may have asked for more). Returns the limit now
-    in force.
+    in force; :func:`release_pillow_blocks` with the limit from before undoes it.
     """
     core = PIL.Image.core
-    current = int(core.get_blocks_max())
+    current = pillow_blocks_limit()
     if blocks > current:
         core.set_blocks_max(blocks)
         current = blocks
     return current
 
 
-def probe_image_size(data: bytes, max_pixels: int) -> tuple[int, int]:
+def pillow_blocks_limit() -> int:
+    """How many freed image-memory blocks Pillow keeps at most now."""
+    return int(PIL.Image.core.get_blocks_max())
+
+
+def release_pillow_blocks(blocks_max: int) -> None:
+    """Free the blocks Pillow keeps and set its limit back to ``blocks_max``."""
+    core = PIL.Image.core
+    core.set_blocks_max(blocks_max)
+    core.clear_cache()
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What an image header says, and what decoding it will cost."""
+
+    width: int
+    height: int
+    mode: str
+    format: str
+    #: peak bytes :func:`decode_image` allocates for it (the RGB result included)
+    peak_bytes: int
+
+
+def decode_peak_bytes(
+    mode: str, width: int, height: int, *, fmt: str = "", alpha: bool = False
+) -> int:
+    """Peak bytes :func:`decode_image` takes for an image of that decoded mode and size."""
+    if alpha or "A" in mode or mode.endswith("a"):
+        per_pixel = _PEAK_WITH_ALPHA
+    elif mode.startswith("I;16"):
+        per_pixel = _PEAK_BYTES_PER_PIXEL["I;16"]
+    else:
+        per_pixel = _PEAK_BYTES_PER_PIXEL.get(mode, _PEAK_OTHER)
+    if fmt == "WEBP":
+        per_pixel += _PEAK_WEBP_EXTRA
+    return width * height * per_pixel
+
+
+def probe_image(
+    data: bytes,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    formats: tuple[str, ...] = DEFAULT_FORMATS,
+    max_pixels_per_byte: int | None = None,
+) -> ImageInfo:
+    """Read the header of ``data``, without decoding pixels.
+
+    :raises DecodeError: empty bytes, or not an image of one of ``formats``.
+    :raises ImageTooLargeError: ``width * height`` above ``max_pixels``, or more than
+        ``max_pixels_per_byte`` pixels per encoded byte (above 4 Mi pixels).
+    """
+    with _open(data, max_pixels, formats, max_pixels_per_byte) as image:
+        alpha = image.info.get("transparency") is not None
+        fmt = image.format or ""
+        return ImageInfo(
+            image.width,
+            image.height,
+            image.mode,
+            fmt,
+            decode_peak_bytes(image.mode, image.width, image.height, fmt=fmt, alpha=alpha),
+        )
+
+
+def probe_image_size(
+    data: bytes, max_pixels: int, formats: tuple[str, ...] = DEFAULT_FORMATS
+) -> tuple[int, int]:
     """Return ``(width, height)`` from the image header, without decoding pixels.
 
-    :raises DecodeError: empty bytes, or not a recognised image.
+    :raises DecodeError: empty bytes, or not an image of one of ``formats``.
     :raises ImageTooLargeError: ``width * height`` above ``max_pixels``.
     """
-    with _open(data, max_pixels) as image:
+    with _open(data, max_pixels, formats, None) as image:
         return image.size
 
 
-def decode_image(data: bytes, *, max_pixels: int) -> np.ndarray:
+def decode_image(
+    data: bytes,
+    *,
+    max_pixels: int,
+    formats: tuple[str, ...] = DEFAULT_FORMATS,
+    max_pixels_per_byte: int | None = None,
+) -> np.ndarray:
     """Decode encoded image bytes into a C-contiguous ``H x W x 3`` uint8 array.
 
     The array is usually a read-only view of the pixel bytes Pillow hands out: copying them only
     to make them writable would cost a tenth of a JPEG decode, and the pipeline only reads them.
 
-    :raises DecodeError: empty, corrupt, truncated or unsupported image data.
-    :raises ImageTooLargeError: ``width * height`` above ``max_pixels`` (checked before decoding).
+    :raises DecodeError: empty, corrupt, truncated or unsupported image data, or a format not in
+        ``formats``.
+    :raises ImageTooLargeError: ``width * height`` above ``max_pixels``, or more than
+        ``max_pixels_per_byte`` pixels per encoded byte (checked before decoding).
     """
-    with _open(data, max_pixels) as image:
+    with _open(data, max_pixels, formats, max_pixels_per_byte) as image:
         _load(image)
         return _rgb(image)
 
@@ -114,7 +211,28 @@ def image_from_object(obj: Any, *, max_pixels: int | None = None) -> np.ndarray:
     )
 
 
-def _open(data: bytes, max_pixels: int) -> PIL.Image.Image:
+@functools.cache
+def _installed(formats: tuple[str, ...]) -> list[str]:
+    # Pillow raises KeyError for a name without a plugin (HEIF needs pillow-heif): skip those.
+    PIL.Image.init()
+    return [f for f in formats if f in PIL.Image.OPEN]
+
+
+class _Source(io.BytesIO):
+    """The encoded bytes; remembers whether a read came back empty (the decoder wanted more)."""
+
+    ran_dry = False
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        if not chunk and size != 0:
+            self.ran_dry = True
+        return chunk
+
+
+def _open(
+    data: bytes, max_pixels: int, formats: tuple[str, ...], max_pixels_per_byte: int | None
+) -> PIL.Image.Image:
     if not data:
         raise DecodeError("empty image data (0 bytes)")
     try:
@@ -122,14 +240,16 @@ def _open(data: bytes, max_pixels: int) -> PIL.Image.Image:
             # Our own check below is the limit; Pillow's warning (above its MAX_IMAGE_PIXELS)
             # would only be noise or, under ``-W error``, an exception of the wrong class.
             warnings.simplefilter("ignore", PIL.Image.DecompressionBombWarning)
-            image = PIL.Image.open(io.BytesIO(data))
+            image = PIL.Image.open(_Source(data), formats=_installed(formats))
     except PIL.Image.DecompressionBombError as exc:
         raise ImageTooLargeError(
             f"Pillow refuses a decompression bomb ({len(data)} bytes): {_cut(exc)} "
             f"(limit here: {max_pixels} pixels)"
         ) from exc
     except PIL.UnidentifiedImageError as exc:
-        raise DecodeError(f"not a recognised image format ({len(data)} bytes)") from exc
+        raise DecodeError(
+            f"not an image of an allowed format ({len(data)} bytes; allowed: {', '.join(formats)})"
+        ) from exc
     except MemoryError:
         raise
     except Exception as exc:  # Pillow's plugins raise a wide range of classes on bad headers
@@ -138,10 +258,23 @@ def _open(data: bytes, max_pixels: int) -> PIL.Image.Image:
         ) from exc
     try:
         _check_pixels(image.width, image.height, max_pixels, image.format)
+        _check_density(image, len(data), max_pixels_per_byte)
     except BaseException:
         image.close()
         raise
     return image
+
+
+def _check_density(image: PIL.Image.Image, size: int, max_pixels_per_byte: int | None) -> None:
+    pixels = image.width * image.height
+    if max_pixels_per_byte is None or pixels <= _DENSITY_FLOOR_PIXELS:
+        return
+    if pixels > size * max_pixels_per_byte:
+        raise ImageTooLargeError(
+            f"{_format(image)} claims {image.width}x{image.height} = {pixels} pixels in "
+            f"{size} bytes, more than {max_pixels_per_byte} pixels per byte (a decompression "
+            "bomb or a truncated file)"
+        )
 
 
 def _check_pixels(width: int, height: int, max_pixels: int, fmt: str | None) -> None:
@@ -156,8 +289,8 @@ def _check_pixels(width: int, height: int, max_pixels: int, fmt: str | None) -> 
 
 
 def _load(image: PIL.Image.Image) -> None:
-    # Forces Pillow's lazy decode here, in the worker thread. ImageFile.LOAD_TRUNCATED_IMAGES is
-    # never set, so a truncated file raises instead of decoding as grey.
+    # Forces Pillow's lazy decode here, in the worker thread.
+    source = getattr(image, "fp", None)
     try:
         image.load()
     except MemoryError:
@@ -167,6 +300,14 @@ def _load(image: PIL.Image.Image) -> None:
             f"cannot decode {_format(image)} ({image.width}x{image.height}, mode {image.mode}): "
             f"{_describe(exc)}"
         ) from exc
+    # With ImageFile.LOAD_TRUNCATED_IMAGES on (a process-wide switch any library may flip),
+    # Pillow fills a truncated file's missing rows instead of raising; a complete image never
+    # reads past the end of its bytes, so running dry is the truncation, whatever the switch.
+    if isinstance(source, _Source) and source.ran_dry:
+        raise DecodeError(
+            f"cannot decode {_format(image)} ({image.width}x{image.height}, mode {image.mode}): "
+            "the image data is truncated"
+        )
 
 
 def _rgb(image: PIL.Image.Image) -> np.ndarray:

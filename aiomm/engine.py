@@ -22,9 +22,10 @@ import anyio
 import anyio.abc
 import torch
 
+from aiomm import memory
 from aiomm.admission import ByteBudget, ByteBudgetStatistics
 from aiomm.config import EngineConfig
-from aiomm.decode import keep_pillow_blocks
+from aiomm.decode import keep_pillow_blocks, pillow_blocks_limit, release_pillow_blocks
 from aiomm.device import DeviceStage, DeviceStageStatistics
 from aiomm.errors import AiommError, ConfigError, EngineClosedError, ProcessingError
 from aiomm.fetch import MediaFetcher
@@ -45,6 +46,7 @@ from aiomm.stages import (
     PillowDecoder,
     StageStatistics,
     TransformStage,
+    is_network,
 )
 from aiomm.stats import LatencyStats, StageRecorder
 from aiomm.stream import ResultStream
@@ -72,6 +74,8 @@ class EngineStats:
     requests_completed: int
     requests_failed: int
     requests_cancelled: int
+    #: refused at once with OverloadedError (``EngineConfig.max_waiting``)
+    requests_shed: int
     images_processed: int
     bytes_to_device: int
     #: per-request latency of each stage (summed over a request's items)
@@ -122,14 +126,19 @@ class Engine:
         )
         self._normalize_mode = "device" if processor.device_normalize else "cpu"
         self._given_fetcher = fetcher
-        self._decoder: Decoder = decoder or PillowDecoder(cfg.decode)
+        #: the decode limit in force: ``decode.max_pixels``, or derived from the adapter
+        self.max_pixels = cfg.decode.resolved_max_pixels(self.processor.max_kept_pixels())
+        self._decoder: Decoder = decoder or PillowDecoder(cfg.decode, max_pixels=self.max_pixels)
         self._tg: anyio.abc.TaskGroup | None = None
+        self._counted = False  # counted among the process's open engines (aiomm.memory)
         self._stack: contextlib.AsyncExitStack | None = None
         self._pipeline: Pipeline | None = None
         self._recorder = StageRecorder()
         self._images = 0
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
-        self.admission = AdmissionStage(cfg.max_in_flight)
+        self.admission = AdmissionStage(
+            cfg.max_in_flight, cfg.waiting_bound(), network_slots=cfg.network_slots()
+        )
 
     # ------------------------------------------------------------------ construction
 
@@ -191,11 +200,20 @@ class Engine:
         if self._tg is not None:
             raise EngineClosedError("this Engine is already open")
         cfg = self.config
+        # Process-wide settings: the last engine to close undoes them (aiomm.memory).
+        memory.engine_opened()
+        self._counted = True
         if cfg.torch_threads is not None:
+            threads_before = torch.get_num_threads()
             torch.set_num_threads(cfg.torch_threads)
+            memory.undo_on_last_close(
+                "torch_threads", lambda: torch.set_num_threads(threads_before)
+            )
+        blocks_before = pillow_blocks_limit()
         keep_pillow_blocks(cfg.pillow_blocks_kept())
-        if cfg.tune_malloc:
-            tune_malloc()
+        memory.undo_on_last_close("pillow_blocks", lambda: release_pillow_blocks(blocks_before))
+        if cfg.tune_malloc and tune_malloc():
+            memory.undo_on_last_close("malloc", memory.untune_malloc)
         stack = contextlib.AsyncExitStack()
         try:
             fetcher = self._given_fetcher
@@ -205,6 +223,7 @@ class Engine:
             tg = await stack.enter_async_context(anyio.create_task_group())
         except BaseException:
             await stack.aclose()
+            self._release_process_settings()
             raise
         if self.device.pool is not None and self.device.device.type == "cuda":
             # pinned allocation is slow and takes locks: do it before the first request
@@ -215,7 +234,7 @@ class Engine:
             hash=HashStage(
                 cfg.transform_threads,
                 in_thread_bytes=cfg.hash_in_thread_bytes,
-                max_pixels=cfg.decode.max_pixels,
+                max_pixels=self.max_pixels,
             ),
             cache=CacheStage(
                 ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared),
@@ -260,8 +279,14 @@ class Engine:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel and join everything the engine started; idempotent."""
+        """Cancel and join everything the engine started; idempotent.
+
+        Closing the last open engine of the process also gives memory back: Pillow's kept
+        blocks are freed, the process-wide settings the engines changed are restored and the
+        heap is trimmed (see :mod:`aiomm.memory` for what stays).
+        """
         if self._tg is None or self._stack is None:
+            self._release_process_settings()
             return
         tg, stack = self._tg, self._stack
         self._tg = self._stack = None
@@ -272,7 +297,13 @@ class Engine:
         if self.device.host_outputs is not None:
             # results still held by callers keep their memory; idle blocks go now
             self.device.host_outputs.clear()
+        self._release_process_settings()
         log.info("engine_closed", adapter=self.adapter_id)
+
+    def _release_process_settings(self) -> None:
+        if self._counted:
+            self._counted = False
+            memory.release_after_last_engine()
 
     @property
     def task_group(self) -> anyio.abc.TaskGroup:
@@ -314,7 +345,8 @@ class Engine:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         try:
-            async with self.admission.admit():
+            network = any(is_network(source) for source in request.images)
+            async with self.admission.admit(network=network):
                 timings["admission"] = time.perf_counter() - t0
                 try:
                     result = await self._pipeline.run(rid, request, timings, device=device)
@@ -326,6 +358,7 @@ class Engine:
                         f"internal error while processing: {type(exc).__name__}: {exc}"
                     ).with_context(request_id=rid) from exc
         except AiommError as error:
+            error.with_context(request_id=rid)
             timings["total"] = time.perf_counter() - t0
             log.warning("request_failed", request_id=rid, error=type(error).__name__,
                         message=str(error), timings_ms=_ms(timings))  # fmt: skip
@@ -390,6 +423,8 @@ class Engine:
             )
             if s is not None
         }
+        lane = requests.network
+        queues["network"] = LimiterStats(lane.capacity, lane.in_use, lane.waiting)
         workers = self.device.workers.statistics()
         queues["device"] = LimiterStats(
             int(workers.total_tokens), workers.borrowed_tokens, workers.tasks_waiting
@@ -402,6 +437,7 @@ class Engine:
             requests_completed=requests.completed,
             requests_failed=requests.failed,
             requests_cancelled=requests.cancelled,
+            requests_shed=requests.shed,
             images_processed=self._images,
             bytes_to_device=self.device.bytes_moved,
             stages=self._recorder.snapshot(),

@@ -31,6 +31,7 @@ and never embed payloads. Any error may carry the ``request_id`` and ``item_inde
     │   │   └── HTTPStatusError                    non-2xx response (``status_code``, ``url``)
     │   └── DecodeError                            corrupt, truncated, empty or unsupported image
     │       └── ImageTooLargeError                 pixel count above the limit (decompression bomb)
+    ├── OverloadedError (RuntimeError)             too many requests waiting: shed (HTTP 429/503)
     └── EngineClosedError (RuntimeError)           the engine is not open
 """
 
@@ -59,6 +60,7 @@ __all__ = (
     "LayoutError",
     "MediaError",
     "OutputBufferError",
+    "OverloadedError",
     "PathNotAllowedError",
     "PixelValueRoundingError",
     "ProcessingError",
@@ -71,6 +73,14 @@ __all__ = (
 )
 
 _E = TypeVar("_E", bound="AiommError")
+
+
+def _printable(text: str) -> str:
+    """``text`` with control and other non-printable characters escaped (``\\x1b``): a source
+    string echoed in a message must not move a terminal's cursor or forge log lines."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _rebuild(cls: type[AiommError], args: tuple[Any, ...], state: dict[str, Any]) -> AiommError:
@@ -228,6 +238,8 @@ class MediaError(AiommError, ValueError):
         request_id: str | None = None,
         item_index: int | None = None,
     ) -> None:
+        source = None if source is None else _printable(source)
+        message = _printable(message)
         self.source = source
         super().__init__(
             f"{message} (source: {source})" if source else message,
@@ -295,6 +307,20 @@ class DecodeError(MediaError):
 
 class ImageTooLargeError(DecodeError):
     """Raised when an image's pixel count exceeds the limit, checked before the full decode."""
+
+
+class OverloadedError(AiommError, RuntimeError):
+    """Raised when a request arrives while every slot is taken and ``max_waiting`` requests
+    already wait for one: it is shed at once, never queued (a server answers 429 or 503)."""
+
+    def __init__(self, waiting: int, in_flight: int, **context: Any) -> None:
+        self.waiting = waiting
+        self.in_flight = in_flight
+        super().__init__(
+            f"overloaded: {in_flight} requests in flight and {waiting} waiting (the limit); "
+            "retry later",
+            **context,
+        )
 
 
 class EngineClosedError(AiommError, RuntimeError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import errno
 import http.cookiejar
 import ipaddress
 import os
@@ -23,6 +24,7 @@ import re
 import socket
 import stat
 import types
+import zlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ import anyio
 import httpcore
 import httpx
 
+from aiomm._inflate import EncodingRefused, InflateLimitExceeded, body_decoder
 from aiomm.config import FetchConfig as FetchConfig
 from aiomm.errors import (
     AiommError,
@@ -61,11 +64,18 @@ log = get_logger(__name__)
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-#: Cloud instance-metadata endpoints (AWS/GCP/Azure/Oracle, AWS IPv6, AWS ECS, Alibaba): refused
-#: even when private or link-local addresses are allowed, unless ``allowed_networks`` names them.
+#: Cloud instance-metadata endpoints (AWS/GCP/Azure/Oracle, AWS IPv6, AWS ECS, Alibaba, Azure's
+#: wire server): refused even when private or link-local addresses are allowed, unless
+#: ``allowed_networks`` names them.
 METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
     ipaddress.ip_address(a)
-    for a in ("169.254.169.254", "fd00:ec2::254", "169.254.170.2", "100.100.100.200")
+    for a in (
+        "169.254.169.254",
+        "fd00:ec2::254",
+        "169.254.170.2",
+        "100.100.100.200",
+        "168.63.129.16",
+    )
 )
 
 _PRIVATE_NETWORKS: tuple[IPNetwork, ...] = tuple(
@@ -77,9 +87,15 @@ _PRIVATE_NETWORKS: tuple[IPNetwork, ...] = tuple(
         "100.64.0.0/10",  # carrier-grade NAT
         "fc00::/7",  # unique-local
         "fec0::/10",  # deprecated site-local
+        # NAT64 local-use (RFC 8215): translators the operator runs, reaching its own networks
+        "64:ff9b:1::/48",
     )
 )
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IPv6 forms that carry an IPv4 address in their low 32 bits: well-known NAT64, SIIT
+# (::ffff:0:a.b.c.d) and the deprecated IPv4-compatible ::a.b.c.d.
+_EMBEDDING_NETWORKS: tuple[ipaddress.IPv6Network, ...] = tuple(
+    ipaddress.IPv6Network(n) for n in ("64:ff9b::/96", "::ffff:0:0:0/96", "::/96")
+)
 
 # A scheme needs two or more characters, so a Windows drive letter ("C:\\x") stays a path.
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
@@ -132,7 +148,9 @@ def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
         return address.ipv4_mapped
     if address.sixtofour is not None:
         return address.sixtofour
-    if address in _NAT64:
+    if int(address) <= 1:  # :: and ::1 are themselves, not 0.0.0.0 and 0.0.0.1
+        return None
+    if any(address in net for net in _EMBEDDING_NETWORKS):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 
@@ -173,6 +191,9 @@ class _GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
     def __init__(self, config: FetchConfig) -> None:
         self._config = config
         self._inner = httpcore.AnyIOBackend()
+        # Resolution blocks a thread; the fetcher's own limiter keeps a slow resolver from
+        # taking anyio's default pool, which local reads and hashing share.
+        self._dns_limiter = anyio.CapacityLimiter(config.dns_threads)
 
     async def connect_tcp(
         self,
@@ -214,8 +235,10 @@ class _GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         except ValueError:
             pass
         try:
-            infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
+            infos = await anyio.to_thread.run_sync(
+                _lookup, host, port, limiter=self._dns_limiter, abandon_on_cancel=True
+            )
+        except (OSError, UnicodeError) as exc:
             raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
         addresses: list[IPAddress] = []
         for family, _type, _proto, _name, sockaddr in infos:
@@ -466,16 +489,35 @@ class MediaFetcher:
                 raise FetchError(f"HTTP GET failed{hop}: {detail}", source=_shown(current)) from exc
 
     async def _read_body(self, response: httpx.Response, shown: str) -> bytes:
+        limit = self.config.max_bytes
         declared = response.headers.get("Content-Length")
         if declared is not None and declared.isdigit():
             self._check_size(int(declared), "the declared Content-Length", shown)
+        try:
+            decoder = body_decoder(response.headers.get("Content-Encoding"), limit)
+        except EncodingRefused as exc:
+            raise FetchError(str(exc), source=shown) from None
         chunks: list[bytes] = []
-        total = 0
-        async for chunk in response.aiter_bytes():
-            total += len(chunk)
+        wire = 0
+        # Raw bytes, decoded here: httpx would inflate each chunk whole, past any cap.
+        async for chunk in response.aiter_raw():
+            wire += len(chunk)
             # abort mid-stream: the rest of an oversized body is never read
-            self._check_size(total, "the body read so far", shown)
-            chunks.append(chunk)
+            self._check_size(wire, "the body read so far", shown)
+            try:
+                piece = decoder.feed(chunk)
+            except InflateLimitExceeded:
+                raise DownloadTooLargeError(
+                    f"the {decoder.encoding}-encoded body inflates past the limit of {limit} "
+                    f"bytes ({wire} bytes received)",
+                    source=shown,
+                ) from None
+            except zlib.error as exc:
+                raise FetchError(
+                    f"corrupt {decoder.encoding}-encoded body: {exc}", source=shown
+                ) from None
+            if piece:
+                chunks.append(piece)
         return b"".join(chunks)
 
     def _timeout_message(self, exc: httpx.TimeoutException) -> str:
@@ -527,6 +569,12 @@ class MediaFetcher:
         )
 
 
+def _lookup(host: str, port: int) -> list[Any]:
+    """Worker thread: the system resolver's answers for ``host`` (IDNA-encoded, as anyio does)."""
+    encoded = host.encode("idna").decode("ascii") if not host.isascii() else host
+    return socket.getaddrinfo(encoded, port, type=socket.SOCK_STREAM)
+
+
 def _no_cookies() -> http.cookiejar.CookieJar:
     return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
@@ -545,7 +593,29 @@ def _parse_http_url(url: str, *, first: bool) -> httpx.URL:
         )
     if not parsed.host:
         raise InvalidSourceError(f"{what} has no host", source=_shown(url))
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise InvalidSourceError(
+            f"{what} has port {parsed.port}, outside 1..65535", source=_shown(url)
+        )
+    if not _valid_host(parsed.raw_host.decode("ascii", "replace")):  # IDNA names in ASCII
+        raise InvalidSourceError(
+            f"{what} has an invalid host {parsed.host[:80]!r}", source=_shown(url)
+        )
     return parsed
+
+
+# A DNS name as resolvers take it (underscores included, as some internal names have them).
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return True
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.match(label) for label in name.split("."))
 
 
 def _b64decode(payload: str) -> bytes:
@@ -563,6 +633,58 @@ def _file_url_path(url: str) -> Path:
     return Path(unquote(parts.path))
 
 
+class _LinkSwapped(OSError):
+    """A component of an already-resolved path is now a symbolic link."""
+
+
+def _open_beneath(root: Path, relative: Path) -> int:
+    """Open ``root / relative`` for reading, following no link after ``root``.
+
+    ``relative`` was resolved (its links followed and checked) just before; walking it again one
+    component at a time with ``O_NOFOLLOW``, each opened relative to its parent's descriptor,
+    means a link swapped in since the check is refused instead of followed out of the root.
+    """
+    # O_NONBLOCK: opening a FIFO would otherwise block this thread until a writer appears.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    parts = relative.parts
+    if os.open not in os.supports_dir_fd or not hasattr(os, "O_NOFOLLOW"):
+        return os.open(root.joinpath(*parts), flags)  # pragma: no cover - not on Linux/macOS
+    nofollow = os.O_NOFOLLOW
+    directory = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | nofollow
+    dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if not parts:  # the root itself: a directory, refused by the caller's fstat
+            return os.dup(dir_fd)
+        for part in parts[:-1]:
+            try:
+                next_fd = os.open(part, directory, dir_fd=dir_fd)
+            except OSError as exc:
+                _raise_if_link(exc, part, dir_fd)
+                raise
+            os.close(dir_fd)
+            dir_fd = next_fd
+        try:
+            return os.open(parts[-1], flags | nofollow, dir_fd=dir_fd)
+        except OSError as exc:
+            _raise_if_link(exc, parts[-1], dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+def _raise_if_link(exc: OSError, name: str, dir_fd: int) -> None:
+    # O_NOFOLLOW on a link fails with ELOOP (ENOTDIR with O_DIRECTORY); a plain file in a
+    # directory's place fails with ENOTDIR too, and is not a link.
+    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+        return
+    try:
+        is_link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return
+    if is_link:
+        raise _LinkSwapped(exc.errno, exc.strerror) from exc
+
+
 def _read_under_root(path: Path, root: Path, max_bytes: int, shown: str) -> bytes:
     """Worker thread: read ``path`` if, symlinks and ``..`` resolved, it lies under ``root``."""
     try:
@@ -575,12 +697,15 @@ def _read_under_root(path: Path, root: Path, max_bytes: int, shown: str) -> byte
     # The root itself is not shown: it is the server's layout, not the caller's business.
     if not resolved.is_relative_to(real_root):
         raise PathNotAllowedError("path is outside the allowed local root", source=shown)
-    # O_NONBLOCK: opening a FIFO would otherwise block this thread until a writer appears.
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(resolved, flags)
+        fd = _open_beneath(real_root, resolved.relative_to(real_root))
     except FileNotFoundError as exc:
         raise FetchError("no such file", source=shown) from exc
+    except _LinkSwapped as exc:
+        raise PathNotAllowedError(
+            "a link appeared in the path while it was opened (refused, not followed)",
+            source=shown,
+        ) from exc
     except OSError as exc:
         raise FetchError(f"cannot open the file: {exc.strerror}", source=shown) from exc
     try:

@@ -36,7 +36,11 @@ def test_old_homes_re_export_the_same_classes() -> None:
 
     assert fetch.FetchConfig is FetchConfig is aiomm.FetchConfig
     assert decode.DecodeConfig is DecodeConfig is aiomm.DecodeConfig
-    assert decode.DEFAULT_MAX_PIXELS == config.DEFAULT_MAX_PIXELS == DecodeConfig().max_pixels
+    assert (
+        decode.DEFAULT_MAX_PIXELS
+        == config.DEFAULT_MAX_PIXELS
+        == DecodeConfig().resolved_max_pixels()
+    )
     assert processor.MultiModalConfig is MultiModalConfig is aiomm.MultiModalConfig
     assert aiomm.EngineConfig is EngineConfig
 

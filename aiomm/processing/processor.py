@@ -170,6 +170,12 @@ class BaseMultiModalProcessor:
             ("native" if self.has_native else "hf") if mode == "auto" else mode
         )
 
+    def max_kept_pixels(self) -> int | None:
+        """The most pixels an image keeps through this adapter's transform at its default
+        settings (a larger source is only scaled down); None when unknown or unbounded. The
+        engine derives its default ``DecodeConfig.max_pixels`` from it."""
+        return None
+
     # ------------------------------------------------------------------ public API
 
     def apply(

@@ -6,7 +6,8 @@ stage imports another):
 =============  =========================================  ==================================
 stage          work                                       runs on / bounded by
 =============  =========================================  ==================================
-admission      one slot per request                       loop; ``max_in_flight``
+admission      one slot per request (network requests     loop; ``max_in_flight``,
+               in a lane of their own); sheds overload    ``max_waiting``
 load           URL / data URL / path -> encoded bytes     loop (async I/O); network fetches
                                                           by ``fetch_concurrency``
 hash           blake3 of encoded bytes or pixels          loop, or a thread for large inputs
@@ -28,6 +29,7 @@ from .cache import CacheStage as CacheStage
 from .hashing import HashStage as HashStage
 from .load import Fetcher as Fetcher
 from .load import LoadStage as LoadStage
+from .load import is_network as is_network
 from .output import OutputStage as OutputStage
 from .transform import Decoder as Decoder
 from .transform import PillowDecoder as PillowDecoder
@@ -47,4 +49,5 @@ __all__ = (
     "Stage",
     "StageStatistics",
     "TransformStage",
+    "is_network",
 )

@@ -1,4 +1,10 @@
-"""The admission stage: at most ``max_in_flight`` requests inside the pipeline at once.
+"""The admission stage: at most ``max_in_flight`` requests inside the pipeline at once, and at
+most ``max_waiting`` waiting for a slot; a request beyond both is shed with OverloadedError.
+
+Requests with a network URL take a slot of their own lane first (``network_slots``, fewer than
+``max_in_flight``): slow downloads can fill that lane, never every slot, so requests carrying
+their images inline keep being admitted under a slow-loris flood. Each lane sheds by its own
+waiters, so network requests queueing for their lane never push inline ones out.
 
 Input: a request about to be processed. Output: a slot held while it is processed (an async
 context manager). Runs on the event loop. Counts every request by how it ended.
@@ -11,6 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import anyio
+
+from aiomm.errors import OverloadedError
 
 from ._stage import Stage, StageStatistics
 
@@ -25,7 +33,13 @@ class AdmissionStatistics:
     completed: int
     failed: int
     cancelled: int
+    #: refused at once with OverloadedError (not counted in ``started``)
+    shed: int
+    #: the bound on waiting requests (per lane)
+    max_waiting: int
     queue: StageStatistics
+    #: the lane of requests with a network URL
+    network: StageStatistics
 
 
 class AdmissionStage(Stage):
@@ -33,23 +47,41 @@ class AdmissionStage(Stage):
 
     name = "admission"
 
-    def __init__(self, max_in_flight: int) -> None:
+    def __init__(self, max_in_flight: int, max_waiting: int, network_slots: int) -> None:
         super().__init__(max_in_flight)
+        self.max_waiting = max_waiting
+        self._network = _Lane(network_slots)
         self._started = 0
         self._cancelled = 0
+        self._shed = 0
 
     @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
-        """Hold one slot for the enclosed request (waiting for one first)."""
+    async def admit(self, *, network: bool = False) -> AsyncIterator[None]:
+        """Hold one slot for the enclosed request (waiting for one first); ``network``: the
+        request fetches from the network, and takes a slot of the network lane first.
+
+        :raises OverloadedError: the slots it needs are taken and ``max_waiting`` requests wait
+            for them already.
+        """
         assert self.limiter is not None
+        self._shed_if_full(self._network.limiter if network else self.limiter)
         self._started += 1
         try:
-            async with self.limiter:
-                with self.counted():
-                    yield
+            async with contextlib.AsyncExitStack() as stack:
+                if network:
+                    await stack.enter_async_context(self._network.limiter)
+                async with self.limiter:
+                    with self.counted():
+                        yield
         except anyio.get_cancelled_exc_class():
             self._cancelled += 1
             raise
+
+    def _shed_if_full(self, limiter: anyio.CapacityLimiter) -> None:
+        s = limiter.statistics()
+        if s.borrowed_tokens >= s.total_tokens and s.tasks_waiting >= self.max_waiting:
+            self._shed += 1
+            raise OverloadedError(s.tasks_waiting, s.borrowed_tokens)
 
     def request_statistics(self) -> AdmissionStatistics:
         queue = self.statistics()
@@ -58,5 +90,12 @@ class AdmissionStage(Stage):
             completed=queue.completed,
             failed=queue.failed,
             cancelled=self._cancelled,
+            shed=self._shed,
+            max_waiting=self.max_waiting,
             queue=queue,
+            network=self._network.statistics(),
         )
+
+
+class _Lane(Stage):
+    name = "admission.network"

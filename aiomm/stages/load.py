@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from ._stage import Stage
 
-__all__ = ("Fetcher", "LoadStage", "is_in_memory")
+__all__ = ("Fetcher", "LoadStage", "is_in_memory", "is_network")
 
 _NETWORK_SCHEMES = ("http://", "https://")
 
@@ -34,7 +34,8 @@ def is_in_memory(source: Any) -> bool:
     )
 
 
-def _is_network(source: Any) -> bool:
+def is_network(source: Any) -> bool:
+    """Whether ``source`` is fetched from the network (an ``http(s)://`` URL)."""
     return isinstance(source, str) and source[:8].lower().startswith(_NETWORK_SCHEMES)
 
 
@@ -55,7 +56,7 @@ class LoadStage(Stage):
         if is_in_memory(source):
             return source
         with self.counted():
-            if _is_network(source):
+            if is_network(source):
                 assert self.limiter is not None
                 async with self.limiter:
                     return await self.fetcher.fetch(source)

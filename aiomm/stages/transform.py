@@ -2,9 +2,10 @@
 
 Input: what the hash stage returned and the request's processor kwargs. Output: a
 :class:`~aiomm.processing.fields.MultiModalKwargsItem` (uint8 rows when the device normalises).
-The header is probed first and the decoded size admitted against the byte budget, so a few huge
-images cannot exhaust memory before anything pushes back; decode, resize and patchify then run in
-one worker thread, bounded by ``transform_threads``.
+The header is probed first and the decode's peak memory (by the image's mode: a 1-bit PNG costs
+about 12 bytes a pixel, not 3) admitted against the byte budget, so a few huge images cannot
+exhaust memory before anything pushes back; decode, resize and patchify then run in one worker
+thread, bounded by ``transform_threads``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from aiomm.admission import ByteBudget
 from aiomm.config import DecodeConfig
-from aiomm.decode import decode_image, probe_image_size
+from aiomm.decode import ImageInfo, decode_image, probe_image
 from aiomm.processing.fields import MultiModalKwargsItem
 from aiomm.processing.processor import BaseMultiModalProcessor
 
@@ -32,8 +33,8 @@ __all__ = ("Decoder", "PillowDecoder", "TransformStage")
 class Decoder(Protocol):
     """What the transform stage needs of a decoder (thread-safe; called in worker threads)."""
 
-    def probe(self, data: bytes) -> tuple[int, int]:
-        """``(width, height)`` from the header, without decoding pixels."""
+    def probe(self, data: bytes) -> ImageInfo:
+        """The header's size and mode and the decode's peak bytes, without decoding pixels."""
         ...
 
     def decode(self, data: bytes) -> np.ndarray:
@@ -42,18 +43,34 @@ class Decoder(Protocol):
 
 
 class PillowDecoder:
-    """The default decoder: Pillow, with the limits of a :class:`DecodeConfig`."""
+    """The default decoder: Pillow, with the limits of a :class:`DecodeConfig`.
 
-    def __init__(self, config: DecodeConfig) -> None:
+    ``max_pixels`` overrides ``config.max_pixels`` (the engine passes the limit it derived).
+    """
+
+    def __init__(self, config: DecodeConfig, *, max_pixels: int | None = None) -> None:
         self.config = config
+        self.max_pixels = max_pixels or config.resolved_max_pixels()
 
-    def probe(self, data: bytes) -> tuple[int, int]:
-        """:raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image_size`."""
-        return probe_image_size(data, self.config.max_pixels)
+    def probe(self, data: bytes) -> ImageInfo:
+        """:raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image`."""
+        cfg = self.config
+        return probe_image(
+            data,
+            max_pixels=self.max_pixels,
+            formats=cfg.formats,
+            max_pixels_per_byte=cfg.max_pixels_per_byte,
+        )
 
     def decode(self, data: bytes) -> np.ndarray:
         """:raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.decode_image`."""
-        return decode_image(data, max_pixels=self.config.max_pixels)
+        cfg = self.config
+        return decode_image(
+            data,
+            max_pixels=self.max_pixels,
+            formats=cfg.formats,
+            max_pixels_per_byte=cfg.max_pixels_per_byte,
+        )
 
 
 class TransformStage(Stage):
@@ -87,19 +104,19 @@ class TransformStage(Stage):
             load: Callable[[], Any]
             if isinstance(raw, (bytes, bytearray, memoryview)):
                 data = bytes(raw)
-                width, height = await anyio.to_thread.run_sync(
+                info = await anyio.to_thread.run_sync(
                     self.decoder.probe, data, limiter=self.limiter
                 )
+                nbytes = int(info.peak_bytes)
 
                 def load() -> np.ndarray:
                     return self.decoder.decode(data)
             else:  # already an RGB array (converted by the hash stage)
-                height, width = raw.shape[0], raw.shape[1]
+                nbytes = int(raw.nbytes)
 
                 def load() -> np.ndarray:
                     return raw
 
-            nbytes = int(width) * int(height) * 3
             await self.budget.acquire(nbytes)
             try:
                 t = time.perf_counter()

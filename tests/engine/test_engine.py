@@ -429,6 +429,7 @@ async def test_stats_report_stages_queues_and_cache(make_processor) -> None:
     assert stats.stages["decode_transform"].count == 1
     assert set(stats.queues) == {
         "requests",
+        "network",
         "fetch",
         "hash",
         "transform",

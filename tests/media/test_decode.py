@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import re
 import struct
+import subprocess
+import sys
 import time
 import warnings
 import zlib
@@ -16,11 +18,17 @@ import PIL.Image
 import PIL.ImageFile
 import pytest
 
-from aiomm.decode import DecodeConfig, decode_image, image_from_object, probe_image_size
+from aiomm.decode import (
+    DecodeConfig,
+    decode_image,
+    image_from_object,
+    probe_image,
+    probe_image_size,
+)
 from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError
 from aiomm.processing.image_ops import as_tensor_view
 
-MAX = DecodeConfig().max_pixels
+MAX = DecodeConfig().resolved_max_pixels()
 
 
 def encode(image: PIL.Image.Image, fmt: str, **params: Any) -> bytes:
@@ -279,10 +287,131 @@ async def test_concurrent_decodes_leave_the_warning_filters_alone() -> None:
 
 
 def test_decode_config() -> None:
-    assert DecodeConfig().max_pixels == 67_108_864
+    assert DecodeConfig().max_pixels is None
+    assert DecodeConfig().resolved_max_pixels() == 67_108_864
+    # derived: twice what the adapter keeps, within [24 Mi, 64 Mi]
+    assert DecodeConfig().resolved_max_pixels(16 * 2**20) == 32 * 2**20
+    assert DecodeConfig().resolved_max_pixels(2**20) == 24 * 2**20
+    assert DecodeConfig().resolved_max_pixels(2**30) == 64 * 2**20
+    assert DecodeConfig(max_pixels=5).resolved_max_pixels(2**20) == 5
+    assert DecodeConfig(formats=("png", "jpeg")).formats == ("PNG", "JPEG")
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError):
             DecodeConfig(max_pixels=bad)  # type: ignore[arg-type]
+    for formats in ("PNG", ("PNG", 3), ("",)):
+        with pytest.raises(ValueError, match=r"DecodeConfig\.formats"):
+            DecodeConfig(formats=formats)  # type: ignore[arg-type]
+
+
+# -- decoder surface -----------------------------------------------------------------------------
+
+
+def _eps() -> bytes:
+    return b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n%%EOF\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "fmt"),
+    [
+        (_eps(), "EPS"),
+        (b"P6\n4 4\n255\n" + bytes(48), "PPM"),
+        (encode(PIL.Image.fromarray(noise(8, 8)), "ICO"), "ICO"),
+        (encode(PIL.Image.fromarray(noise(8, 8)), "TGA"), "TGA"),
+    ],
+)
+def test_formats_outside_the_allow_list_are_refused_unopened(data: bytes, fmt: str) -> None:
+    # Pillow itself opens each of these
+    assert PIL.Image.open(io.BytesIO(data)).format == fmt
+    exc = _exactly(DecodeError, decode_image, data, max_pixels=MAX)
+    assert "allowed: JPEG, PNG" in str(exc)
+    _exactly(DecodeError, probe_image, data)
+
+
+def test_allow_list_is_configurable() -> None:
+    png = encode(PIL.Image.fromarray(noise(8, 8)), "PNG")
+    with pytest.raises(DecodeError, match="allowed: JPEG"):
+        decode_image(png, max_pixels=MAX, formats=("JPEG",))
+    tga = encode(PIL.Image.fromarray(noise(8, 8)), "TGA")
+    assert np.array_equal(decode_image(tga, max_pixels=MAX, formats=("TGA",)), noise(8, 8))
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "BMP", "TIFF"])
+def test_truncated_is_refused_whatever_load_truncated_images_says(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # another library in the process may switch Pillow's global on
+    monkeypatch.setattr(PIL.ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    image = PIL.Image.fromarray(noise(64, 48))
+    data = encode(image if fmt != "GIF" else image.convert("P"), fmt)
+    assert decode(data).shape == (64, 48, 3)  # complete files still decode
+    exc = _exactly(DecodeError, decode_image, data[: len(data) * 2 // 3], max_pixels=MAX)
+    assert "truncated" in str(exc)
+
+
+def test_pixels_per_byte_limit_refuses_a_tiny_file_with_a_huge_header() -> None:
+    # a PNG header of 8000 x 8000 over a few bytes of IDAT: Pillow alone decodes it zero-filled
+    data = png_with_size(8000, 8000)
+    assert len(data) < 200
+    exc = _exactly(
+        ImageTooLargeError, decode_image, data, max_pixels=10**8, max_pixels_per_byte=8192
+    )
+    assert "pixels per byte" in str(exc)
+    _exactly(ImageTooLargeError, probe_image, data, max_pixels=10**8, max_pixels_per_byte=8192)
+    # small images are never judged by density
+    small = encode(PIL.Image.new("1", (2000, 2000)), "PNG")
+    assert decode_image(small, max_pixels=MAX, max_pixels_per_byte=1).shape == (2000, 2000, 3)
+
+
+_PEAK_CASES = [("1", "PNG"), ("L", "PNG"), ("P", "PNG"), ("RGB", "PNG"), ("RGBA", "PNG"),
+               ("LA", "PNG"), ("RGB", "JPEG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGB", "WEBP"),
+               ("RGBA", "WEBP"), ("I;16", "PNG"), ("RGB", "GIF"), ("RGB", "BMP"),
+               ("RGB", "TIFF")]  # fmt: skip
+
+_PEAK_SCRIPT = """
+import ctypes, gc, io, sys, PIL.Image
+from aiomm.decode import decode_image, probe_image
+
+trim = ctypes.CDLL("libc.so.6").malloc_trim
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+for case in sys.argv[1:]:
+    mode, fmt = case.split(",")
+    buf = io.BytesIO()
+    PIL.Image.new(mode, (2048, 2048)).save(buf, format=fmt)
+    data = buf.getvalue()
+    info = probe_image(data)
+    gc.collect()
+    trim(0)  # memory freed by the cases before must not serve this one
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident size, to the current size
+    start = status("VmRSS")
+    out = decode_image(data, max_pixels=1 << 30)
+    print(case, info.peak_bytes, status("VmHWM") - start)
+    del out
+"""
+
+
+def test_peak_bytes_cover_the_measured_peak() -> None:
+    # Pillow allocates outside tracemalloc's view, so the peak is the process's (VmHWM), in one
+    # fresh interpreter (pytest's may have tuned malloc to keep freed memory).
+    lines = subprocess.run(
+        [sys.executable, "-P", "-c", _PEAK_SCRIPT, *(f"{m},{f}" for m, f in _PEAK_CASES)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert len(lines) == len(_PEAK_CASES)
+    for line in lines:
+        case, estimate, measured = line.split()[0], int(line.split()[1]), int(line.split()[2])
+        assert measured <= estimate, (case, estimate, measured)
+        # and not far above it: the budget must not starve the stage either
+        assert estimate <= 2 * measured + (4 << 20), (case, estimate, measured)
+        if case.startswith("1,"):  # 1-bit costs far more than the W*H*3 once counted
+            assert estimate >= 3 * 2048 * 2048 * 3
 
 
 # -- in-memory objects ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import dataclasses
 import ipaddress
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -15,6 +16,7 @@ from urllib.parse import quote
 import anyio
 import pytest
 
+import aiomm.fetch
 from aiomm.errors import (
     BlockedAddressError,
     DownloadTooLargeError,
@@ -186,10 +188,10 @@ async def test_hostname_resolving_to_loopback_is_refused(
 
 
 def _fake_getaddrinfo(monkeypatch: pytest.MonkeyPatch, answers: list[list[str]]) -> list[str]:
-    """Answer successive ``anyio.getaddrinfo`` calls with ``answers``; returns the hosts asked."""
+    """Answer successive resolver calls with ``answers``; returns the hosts asked."""
     asked: list[str] = []
 
-    async def getaddrinfo(host: str, port: int, **kwargs: Any) -> list[Any]:
+    def getaddrinfo(host: str, port: int) -> list[Any]:
         asked.append(host)
         addresses = answers[min(len(asked), len(answers)) - 1]
         return [
@@ -203,7 +205,7 @@ def _fake_getaddrinfo(monkeypatch: pytest.MonkeyPatch, answers: list[list[str]])
             for a in addresses
         ]
 
-    monkeypatch.setattr(anyio, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(aiomm.fetch, "_lookup", getaddrinfo)
     return asked
 
 
@@ -395,6 +397,52 @@ async def test_local_file_errors(ok_png: bytes, root: Path) -> None:
         await fetch("file://otherhost/sub/a.png", config)
 
 
+@pytest.mark.parametrize("swapped", ["sub/a.png", "sub"])
+async def test_a_link_swapped_in_after_the_check_is_not_followed(
+    root: Path, swapped: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race, made deterministic: the path is checked while it has no link (resolve() sees
+    # the plain path), then a link out of the root takes the place of a file or a directory.
+    outside = root.parent / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "a.png").write_bytes(b"secret")
+    (outside / "a.png").write_bytes(b"secret")
+    target = root / swapped
+    if target.is_dir():
+        (target / "a.png").unlink()
+        target.rmdir()
+    else:
+        target.unlink()
+    target.symlink_to(outside / swapped)
+    monkeypatch.setattr(Path, "resolve", lambda self, strict=False: Path(os.path.abspath(self)))
+    with pytest.raises(PathNotAllowedError, match="a link appeared in the path"):
+        await fetch(str(root / "sub" / "a.png"), FetchConfig(allowed_local_root=root))
+
+
+async def test_a_file_in_a_directorys_place_is_not_a_link(root: Path) -> None:
+    with pytest.raises(FetchError, match=r"cannot (open the file|resolve)") as info:
+        await fetch(str(root / "sub" / "a.png" / "x.png"), FetchConfig(allowed_local_root=root))
+    assert not isinstance(info.value, PathNotAllowedError)
+
+
+async def test_resolution_threads_are_the_fetchers_own(
+    ok_png: bytes, server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # anyio's default thread pool is exhausted by other work; resolving still proceeds
+    _fake_getaddrinfo(monkeypatch, [["127.0.0.1"]])
+    default = anyio.to_thread.current_default_thread_limiter()
+    monkeypatch.setattr(default, "total_tokens", 1)
+    blocker = threading.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, blocker.wait)  # holds the only default token
+        await anyio.wait_all_tasks_blocked()
+        try:
+            with anyio.fail_after(5):
+                assert await fetch(server.url("/ok.png", host="images.example")) == ok_png
+        finally:
+            blocker.set()
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 async def test_fifo_is_refused_without_blocking(root: Path, elapsed: Any) -> None:
     os.mkfifo(root / "pipe")
@@ -465,6 +513,12 @@ async def test_statistics_count_errors_and_in_flight(server: LoopbackServer) -> 
         ("::ffff:10.0.0.1", {}, "private"),
         ("64:ff9b::a9fe:a9fe", {}, "metadata"),  # NAT64 form of 169.254.169.254
         ("2002:a9fe:a9fe::1", {}, "metadata"),  # 6to4 form of 169.254.169.254
+        ("168.63.129.16", {"allow_private_addresses": True}, "metadata"),  # Azure wire server
+        ("::10.0.0.1", {}, "private"),  # IPv4-compatible
+        ("::ffff:0:a9fe:a9fe", {"allow_private_addresses": True}, "metadata"),  # SIIT
+        ("64:ff9b:1::a00:1", {}, "private"),  # NAT64 local-use
+        ("64:ff9b:1::a00:1", {"allow_private_addresses": True}, None),
+        ("::1", {"allow_loopback": True}, None),
         ("0.0.0.0", {"allow_loopback": True}, "unspecified"),
         ("10.9.0.1", {"allowed_networks": ("10.9.0.0/16",)}, None),
         ("10.8.0.1", {"allowed_networks": ("10.9.0.0/16",)}, "private"),
