@@ -89,7 +89,7 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
         base.processor,
         engine_cfg,
         adapter_id=base.adapter_id,
-        decoder=VllmDecoder(engine_cfg.decode),
+        decoder=VllmDecoder(engine_cfg.decode, max_pixels=base.max_pixels),
     )
     tokenizer = AutoTokenizer.from_pretrained(folder)
     state = _State()

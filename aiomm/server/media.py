@@ -15,14 +15,13 @@ folds into the item's hash (see :mod:`aiomm.server.mm_hash`).
 from __future__ import annotations
 
 import contextlib
-import io
 
 import numpy as np
 import PIL.Image
 import PIL.ImageOps
 
 from aiomm.config import DecodeConfig
-from aiomm.decode import probe_image_size
+from aiomm.decode import DEFAULT_FORMATS, ImageInfo, open_image, probe_image
 from aiomm.errors import DecodeError, ImageTooLargeError
 
 __all__ = ("VllmDecoder", "converts_mode", "load_image")
@@ -58,16 +57,25 @@ def _to_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def load_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, bool]:
+def load_image(
+    data: bytes,
+    *,
+    max_pixels: int,
+    formats: tuple[str, ...] = DEFAULT_FORMATS,
+    max_pixels_per_byte: int | None = None,
+) -> tuple[np.ndarray, bool]:
     """Decode ``data`` as vLLM does: ``(H x W x 3 uint8 array, mode converted)``.
+
+    The header goes through the same checks as the engine's own decode (format allow-list,
+    pixel limit, pixels per encoded byte) before any pixel is decoded.
 
     :raises DecodeError: empty, corrupt, truncated or unsupported image data.
     :raises ImageTooLargeError: ``width * height`` above ``max_pixels`` (checked from the header).
     """
-    probe_image_size(data, max_pixels)  # header, pixel limit and typed errors
+    image = open_image(
+        data, max_pixels=max_pixels, formats=formats, max_pixels_per_byte=max_pixels_per_byte
+    )
     try:
-        image = PIL.Image.open(io.BytesIO(data))
-        image.load()
         if _orientation(image) in _TRANSPOSED:
             with contextlib.suppress(Exception):  # vLLM ignores malformed EXIF the same way
                 image = PIL.ImageOps.exif_transpose(image)
@@ -86,17 +94,33 @@ def load_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, bool]:
 class VllmDecoder:
     """A thread-safe decoder with vLLM's loading rule (see the module docstring)."""
 
-    def __init__(self, config: DecodeConfig | None = None) -> None:
+    def __init__(
+        self, config: DecodeConfig | None = None, *, max_pixels: int | None = None
+    ) -> None:
         self.config = config or DecodeConfig()
+        #: the engine passes the limit it derived from its adapter
+        self.max_pixels = max_pixels or self.config.resolved_max_pixels()
 
-    def probe(self, data: bytes) -> tuple[int, int]:
-        """``(width, height)`` after the EXIF orientation is applied.
+    def probe(self, data: bytes) -> ImageInfo:
+        """The header's size, mode and decode peak (a transpose keeps the pixel count, all the
+        budget needs).
 
-        :raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image_size`.
+        :raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image`.
         """
-        width, height = probe_image_size(data, self.config.max_pixels)
-        return width, height  # a transpose keeps the pixel count, all the budget needs
+        cfg = self.config
+        return probe_image(
+            data,
+            max_pixels=self.max_pixels,
+            formats=cfg.formats,
+            max_pixels_per_byte=cfg.max_pixels_per_byte,
+        )
 
     def decode(self, data: bytes) -> np.ndarray:
         """:raises DecodeError, ImageTooLargeError: see :func:`load_image`."""
-        return load_image(data, max_pixels=self.config.max_pixels)[0]
+        cfg = self.config
+        return load_image(
+            data,
+            max_pixels=self.max_pixels,
+            formats=cfg.formats,
+            max_pixels_per_byte=cfg.max_pixels_per_byte,
+        )[0]

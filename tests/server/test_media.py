@@ -66,14 +66,23 @@ def test_palette_and_greyscale_convert() -> None:
     assert converted and (out[..., 0] == out[..., 2]).all()
 
 
+def _encode_as(image: PIL.Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt)
+    return out.getvalue()
+
+
 def test_decoder_errors_are_typed() -> None:
     decoder = VllmDecoder()
     with pytest.raises(DecodeError):
         decoder.decode(b"\x89PNG garbage")
     data = _encode(PIL.Image.fromarray(_rgb(30, 30)))
-    assert decoder.probe(data) == (30, 30)
+    info = decoder.probe(data)
+    assert (info.width, info.height) == (30, 30) and info.peak_bytes >= 30 * 30 * 3
     with pytest.raises(ImageTooLargeError):
         load_image(data, max_pixels=100)
+    with pytest.raises(DecodeError, match="allowed"):  # the engine's format allow-list holds
+        load_image(_encode_as(PIL.Image.fromarray(_rgb(8, 8)), "PPM"), max_pixels=MAX)
 
 
 def test_codec_matches_vllm_test_vector() -> None:
