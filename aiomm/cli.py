@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="vLLM's render API and an OpenAI gateway over HTTP")
     serve.add_argument("model", help="model folder (config, processor, tokenizer, template)")
     serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--shared-cache", metavar="URL", help="Redis item cache shared by replicas (redis://...)"
+    )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--upstream", help="URL of `vllm serve --tokens-only` (gateway mode)")
     serve.add_argument("--workers", type=int, default=1, help="server processes")
@@ -140,6 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_mb << 20,
         limits=RenderLimits(max_images=args.max_images, timeout_s=args.request_timeout),
         allowed_local_media_path=args.allowed_local_media_path,
+        shared_cache_url=args.shared_cache,
     )
     serve(config, host=args.host, port=args.port, workers=args.workers)
     return 0

@@ -54,6 +54,9 @@ class ServerConfig:
     max_body_bytes: int = 64 << 20
     limits: RenderLimits = field(default_factory=RenderLimits)
     allowed_local_media_path: str | None = None
+    #: a Redis item cache shared by every replica (``redis://HOST:PORT/DB``; see
+    #: ``EngineConfig.shared_cache_url``), set on the engine's configuration
+    shared_cache_url: str | None = None
     #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None
 
@@ -80,6 +83,8 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     engine_cfg = config.engine or EngineConfig(device="cpu", torch_threads=1)
     if not engine_cfg.return_items:
         engine_cfg = replace(engine_cfg, return_items=True)
+    if config.shared_cache_url:
+        engine_cfg = replace(engine_cfg, shared_cache_url=config.shared_cache_url)
     root = config.allowed_local_media_path
     fetch_cfg = engine_cfg.fetch
     if root:

@@ -51,6 +51,16 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.shared_cache = Gauge(
+            "aiomm_shared_cache_events_total_engine",
+            "Shared (Redis) cache tier: hits, misses, remote joins, bytes, errors, lease waits",
+            ["event"],
+            registry=r,
+        )
+        self.shared_cache_up = Gauge(
+            "aiomm_shared_cache_available", "1 while the Redis tier is in use", registry=r
+        )
+
     def observe_timings(self, timings: dict[str, float]) -> None:
         for stage, seconds in timings.items():
             self.stage.labels(stage).observe(seconds)
@@ -66,4 +76,10 @@ class ServerMetrics:
                 value = getattr(cache, event, None)
                 if isinstance(value, int):
                     self.cache_total.labels(event).set(value)
+            shared = getattr(cache, "shared", None)
+            if shared is not None:
+                self.shared_cache_up.set(1 if shared.available else 0)
+                for event, value in vars(shared).items():
+                    if isinstance(value, int) and not isinstance(value, bool):
+                        self.shared_cache.labels(event).set(value)
         return generate_latest(self.registry)
