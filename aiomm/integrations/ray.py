@@ -20,6 +20,11 @@ Output columns (one row per input row, schema fixed by the adapter, never by the
 - ``mm_hashes``: ``list<string>``, the items' cache keys.
 - ``error``: null, or ``"ErrorType: message"`` for a row that failed (its other columns empty);
   the batch and the job go on.
+- with ``vllm_model_id``: ``features``, vLLM 0.33's ``GenerateRequest.features`` of the row as
+  JSON text (mm_hashes in vLLM's scheme for a server of that model id, placeholders, the items'
+  msgpack payload); :func:`generate_request` turns a row into the body a
+  ``vllm serve --tokens-only`` engine takes at ``/inference/v1/generate``. Needs the ``serve``
+  extra and encoded image bytes.
 
 Tensors are Ray's variable-shaped tensor extension type, so ``ds.write_parquet`` round-trips
 them; :class:`TorchCollate` turns batches into tensors for ``iter_torch_batches``. Needs the
@@ -49,7 +54,7 @@ from aiomm.logging import get_logger
 from aiomm.processing.fields import merge_items
 from aiomm.types import Request, Result
 
-__all__ = ("ImagePreprocessor", "TorchCollate")
+__all__ = ("ImagePreprocessor", "TorchCollate", "generate_request")
 
 log = get_logger(__name__)
 
@@ -74,7 +79,8 @@ class ImagePreprocessor:
     :raises UnknownArchitectureError: ``model`` has no adapter.
     :raises ProcessorKwargsError: ``mm_processor_kwargs`` the processor does not take.
     :raises ConfigError: a batch lacks the image column, has no prompt source, or lacks a
-        ``keep_columns`` column (a job-level mistake: the job stops).
+        ``keep_columns`` column (a job-level mistake: the job stops); ``vllm_model_id`` with
+        ``normalize=True``.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class ImagePreprocessor:
         mm_processor_kwargs: Mapping[str, Any] | None = None,
         keep_columns: Sequence[str] = (),
         backend: str = "torchvision",
+        vllm_model_id: str | None = None,
     ) -> None:
         # set first: __del__ runs even when construction fails below
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,7 +104,15 @@ class ImagePreprocessor:
         self._stop: asyncio.Event | None = None
         self._host: asyncio.Task[None] | None = None
         self._open_error: BaseException | None = None
-        self.config = config or _actor_config()
+        config = config or _actor_config()
+        if vllm_model_id is not None:
+            if normalize:
+                raise ConfigError(
+                    "vllm_model_id ships the items' uint8 rows to vLLM: it excludes normalize=True"
+                )
+            config = replace(config, return_items=True)
+        self.config = config
+        self.vllm_model_id = vllm_model_id
         self.normalize = normalize
         self.image_column = image_column
         self.prompt_column = prompt_column
@@ -208,10 +223,39 @@ class ImagePreprocessor:
                     )
                     continue
                 tg.start_soon(one, i, request)
+        features: list[str | None] = [None] * n
+        if self.vllm_model_id is not None:
+            for i, r in enumerate(results):
+                if isinstance(r, Result) and r.ok:
+                    results[i], features[i] = self._with_features(columns, i, r)
         failed = sum(1 for r in results if not isinstance(r, Result) or not r.ok)
         if failed:
             log.info("ray_batch_errors", rows=n, failed=failed)
-        return self._table(columns, results)
+        return self._table(columns, results, features)
+
+    def _with_features(
+        self, columns: Mapping[str, Any], i: int, result: Result
+    ) -> tuple[Result | AiommError, str | None]:
+        """The row's result with its model kwargs merged on the host from its items, and its
+        ``GenerateRequest.features`` as JSON (or the row's error)."""
+        import orjson
+
+        from aiomm.server.render import generate_request_features, vllm_mm_hash
+
+        images = _images(columns[self.image_column][i])
+        if not all(isinstance(x, (bytes, bytearray)) for x in images):
+            return InvalidRequestError(
+                f"row {i}: vLLM's mm_hashes are taken over encoded image bytes; this row's "
+                f"images are {sorted({type(x).__name__ for x in images})}"
+            ), None
+        assert self.vllm_model_id is not None
+        try:
+            hashes = [vllm_mm_hash(bytes(x), self.vllm_model_id) for x in images]
+        except AiommError as exc:
+            return exc, None
+        features = generate_request_features(result, hashes)
+        result.mm_kwargs = merge_items(result.items)
+        return result, orjson.dumps(features).decode()
 
     def _check_columns(self, columns: Mapping[str, Any]) -> None:
         missing = [c for c in (self.image_column, *self.keep_columns) if c not in columns]
@@ -243,7 +287,10 @@ class ImagePreprocessor:
         )
 
     def _table(
-        self, columns: Mapping[str, Any], results: Sequence[Result | AiommError | None]
+        self,
+        columns: Mapping[str, Any],
+        results: Sequence[Result | AiommError | None],
+        features: Sequence[str | None],
     ) -> pa.Table:
         good = [r if isinstance(r, Result) and r.ok else None for r in results]
         out: dict[str, pa.Array] = {c: _arrow_column(columns[c]) for c in self.keep_columns}
@@ -278,7 +325,41 @@ class ImagePreprocessor:
             [[] if r is None else r.item_hashes for r in good], pa.list_(pa.string())
         )
         out["error"] = pa.array([_error_text(r) for r in results], pa.string())
+        if self.vllm_model_id is not None:
+            out["features"] = pa.array(list(features), pa.string())
         return pa.table(out)
+
+
+def generate_request(
+    row: Mapping[str, Any],
+    *,
+    model: str,
+    sampling_params: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> dict[str, Any]:
+    """The ``GenerateRequest`` body of one output row of an ``ImagePreprocessor`` made with
+    ``vllm_model_id``, for ``POST /inference/v1/generate`` on ``vllm serve --tokens-only``
+    (``model``: its served model name; ``sampling_params`` as vLLM's ``SamplingParams``).
+
+    :raises InvalidRequestError: a row that failed (its ``error``) or has no ``features``.
+    """
+    import json
+
+    from aiomm.server.render import generate_request as body
+
+    if row.get("error"):
+        raise InvalidRequestError(f"the row failed: {row['error']}")
+    if not row.get("features"):
+        raise InvalidRequestError(
+            "the row has no features: make the ImagePreprocessor with vllm_model_id="
+        )
+    return body(
+        [int(t) for t in row["prompt_token_ids"]],
+        json.loads(row["features"]),
+        model=model,
+        sampling_params=dict(sampling_params or {}),
+        request_id=request_id,
+    )
 
 
 class TorchCollate(NumpyBatchCollateFn):

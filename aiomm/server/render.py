@@ -12,7 +12,7 @@ import binascii
 import io
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from aiomm.processing.fields import (
     MultiModalKwargsItem,
     Repeat,
 )
-from aiomm.types import Request
+from aiomm.types import Request, Result
 
 from .chat_template import ChatRenderer
 from .content import ImagePart, Parsed
@@ -42,7 +42,14 @@ from .media import converts_mode
 from .mm_hash import image_mm_hash
 from .sampling import SamplingDefaults, derive
 
-__all__ = ("RenderLimits", "RenderService", "Rendered")
+__all__ = (
+    "RenderLimits",
+    "RenderService",
+    "Rendered",
+    "generate_request",
+    "generate_request_features",
+    "vllm_mm_hash",
+)
 
 #: keys vLLM keeps on the CPU (sent again as ``mm_metadata``)
 _KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw"})
@@ -144,13 +151,9 @@ class RenderService:
 
     def _hash(self, data: bytes) -> str:
         try:
-            with PIL.Image.open(io.BytesIO(data)) as image:
-                converted = converts_mode(image)
-        except Exception as exc:
-            raise from_aiomm_error(
-                DecodeError(f"not a recognised image ({len(data)} bytes): {type(exc).__name__}")
-            ) from exc
-        return image_mm_hash(data, self.model_id, mode_converted=converted)
+            return vllm_mm_hash(data, self.model_id)
+        except AiommError as exc:
+            raise from_aiomm_error(exc) from exc
 
     async def _mm_hash(self, data: bytes) -> str:
         if len(data) < _HASH_ON_LOOP_BYTES:
@@ -281,26 +284,15 @@ class RenderService:
         body: dict[str, Any],
         parse_context: dict[str, Any] | None,
     ) -> dict[str, Any]:
-        return {
-            "request_id": f"{id_prefix}{secrets.token_hex(8)}",
-            "token_ids": token_ids,
-            "token_offsets": None,
-            "features": features,
-            "content_parts": None,
-            "sampling_params": sampling,
-            "model": model,
-            "reasoning_ended": None,
-            "reasoning_parser_kwargs": None,
-            "return_token_ids": None,
-            "output_mode": "tokens",
-            "parse_context": parse_context,
-            "stream": bool(body.get("stream", False)),
-            "stream_options": body.get("stream_options"),
-            "cache_salt": body.get("cache_salt"),
-            "priority": int(body.get("priority", 0) or 0),
-            "kv_transfer_params": body.get("kv_transfer_params"),
-            "ec_transfer_params": None,
-        }
+        return generate_request(
+            token_ids,
+            features,
+            model=model,
+            sampling_params=sampling,
+            request_id=f"{id_prefix}{secrets.token_hex(8)}",
+            parse_context=parse_context,
+            body=body,
+        )
 
     async def _features(
         self, parts: list[ImagePart], prompt_ids: list[int], *, tensors: bool
@@ -326,20 +318,88 @@ class RenderService:
         except AiommError as exc:
             raise from_aiomm_error(exc) from exc
         hits = sum(1 for c in result.cache if c.value == "hit")
-        placeholders = [
-            {"offset": r.offset, "length": r.length} for r in result.mm_placeholders["image"]
-        ]
-        feats: dict[str, Any] = {
-            "mm_hashes": {"image": hashes},
-            "mm_placeholders": {"image": placeholders},
-            "kwargs_data": None,
-            "mm_metadata": None,
-        }
+        feats = generate_request_features(result, hashes, tensors=False)
         if tensors:
+            # orjson fragments: the response encoder copies them without scanning
             kwargs_data, metadata = encode_items(result.items)
             feats["kwargs_data"] = {"image": kwargs_data}
             feats["mm_metadata"] = {"image": metadata}
         return feats, result.prompt_token_ids, hits, result.timings
+
+
+def vllm_mm_hash(data: bytes, model_id: str) -> str:
+    """vLLM's mm_hash of an image given as encoded ``data`` to a server of ``model_id``.
+
+    :raises DecodeError: ``data`` is not a recognised image.
+    """
+    try:
+        with PIL.Image.open(io.BytesIO(data)) as image:
+            converted = converts_mode(image)
+    except Exception as exc:
+        raise DecodeError(
+            f"not a recognised image ({len(data)} bytes): {type(exc).__name__}"
+        ) from exc
+    return image_mm_hash(data, model_id, mode_converted=converted)
+
+
+def generate_request_features(
+    result: Result, hashes: Sequence[str], *, tensors: bool = True
+) -> dict[str, Any]:
+    """vLLM's ``GenerateRequest.features`` of an engine result made with
+    ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes
+    (:func:`vllm_mm_hash`, or the client's), ``tensors=False`` leaves the payload out.
+    JSON-ready (plain strings)."""
+    placeholders = [
+        {"offset": r.offset, "length": r.length} for r in result.mm_placeholders.get("image", [])
+    ]
+    features: dict[str, Any] = {
+        "mm_hashes": {"image": list(hashes)},
+        "mm_placeholders": {"image": placeholders},
+        "kwargs_data": None,
+        "mm_metadata": None,
+    }
+    if tensors:
+        kwargs_data, metadata = encode_items(result.items)
+        # fragments are JSON strings already; one dumps + loads turns them into plain strings
+        features["kwargs_data"] = {"image": orjson.loads(orjson.dumps(kwargs_data))}
+        features["mm_metadata"] = {"image": orjson.loads(orjson.dumps(metadata))}
+    return features
+
+
+def generate_request(
+    token_ids: list[int],
+    features: dict[str, Any] | None,
+    *,
+    model: str,
+    sampling_params: dict[str, Any],
+    request_id: str | None = None,
+    parse_context: dict[str, Any] | None = None,
+    body: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``GenerateRequest`` body for ``/inference/v1/generate`` (``vllm serve --tokens-only``),
+    with vLLM 0.33's top-level keys; ``body`` is the client request it renders (stream, cache
+    salt, priority and KV-transfer options come from it)."""
+    body = body or {}
+    return {
+        "request_id": request_id or f"aiomm-{secrets.token_hex(8)}",
+        "token_ids": token_ids,
+        "token_offsets": None,
+        "features": features,
+        "content_parts": None,
+        "sampling_params": sampling_params,
+        "model": model,
+        "reasoning_ended": None,
+        "reasoning_parser_kwargs": None,
+        "return_token_ids": None,
+        "output_mode": "tokens",
+        "parse_context": parse_context,
+        "stream": bool(body.get("stream", False)),
+        "stream_options": body.get("stream_options"),
+        "cache_salt": body.get("cache_salt"),
+        "priority": int(body.get("priority", 0) or 0),
+        "kv_transfer_params": body.get("kv_transfer_params"),
+        "ec_transfer_params": None,
+    }
 
 
 _LOCAL = threading.local()
