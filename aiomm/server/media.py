@@ -21,8 +21,9 @@ import PIL.Image
 import PIL.ImageOps
 
 from aiomm.config import DecodeConfig
-from aiomm.decode import DEFAULT_FORMATS, ImageInfo, open_image, probe_image
+from aiomm.decode import DEFAULT_FORMATS, open_image
 from aiomm.errors import DecodeError, ImageTooLargeError
+from aiomm.stages import PillowDecoder
 
 __all__ = ("VllmDecoder", "converts_mode", "load_image")
 
@@ -91,29 +92,14 @@ def load_image(
     return np.asarray(rgb), converted
 
 
-class VllmDecoder:
-    """A thread-safe decoder with vLLM's loading rule (see the module docstring)."""
+class VllmDecoder(PillowDecoder):
+    """A thread-safe decoder with vLLM's loading rule (see the module docstring); probing and
+    every limit are the engine's own (:class:`~aiomm.stages.PillowDecoder`)."""
 
     def __init__(
         self, config: DecodeConfig | None = None, *, max_pixels: int | None = None
     ) -> None:
-        self.config = config or DecodeConfig()
-        #: the engine passes the limit it derived from its adapter
-        self.max_pixels = max_pixels or self.config.resolved_max_pixels()
-
-    def probe(self, data: bytes) -> ImageInfo:
-        """The header's size, mode and decode peak (a transpose keeps the pixel count, all the
-        budget needs).
-
-        :raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image`.
-        """
-        cfg = self.config
-        return probe_image(
-            data,
-            max_pixels=self.max_pixels,
-            formats=cfg.formats,
-            max_pixels_per_byte=cfg.max_pixels_per_byte,
-        )
+        super().__init__(config or DecodeConfig(), max_pixels=max_pixels)
 
     def decode(self, data: bytes) -> np.ndarray:
         """:raises DecodeError, ImageTooLargeError: see :func:`load_image`."""
