@@ -43,6 +43,7 @@ from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
     Backend,
+    ReducedImage,
     Resample,
     as_tensor_view,
     patchify,
@@ -267,12 +268,26 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             max_pixels=params.max_pixels,
         )
 
+    def resize_target(
+        self, height: int, width: int, hf_kwargs: Mapping[str, Any]
+    ) -> tuple[int, int] | None:
+        if self.transform != "native":
+            return None
+        params = self._resolve_params(hf_kwargs)
+        if params.resample is not Resample.BICUBIC:
+            return None
+        return self.target_size(height, width, params)
+
     def transform_image(
         self, image: Any, params: _TransformParams
     ) -> tuple[torch.Tensor, list[int]]:
         """One image -> (rows of one frame, ``[gh * gw, C * P * P]``; [grid_t, gh, gw])."""
-        rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
-        height, width = self.target_size(rgb.shape[0], rgb.shape[1], params)
+        if isinstance(image, ReducedImage):  # fast mode: the target of the source's size
+            rgb = image.pixels
+            height, width = self.target_size(image.source_height, image.source_width, params)
+        else:
+            rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
+            height, width = self.target_size(rgb.shape[0], rgb.shape[1], params)
         if self.resize_device is not None and self.device_normalize:
             chw = self._resize_on_device(rgb, height, width, params)
         else:

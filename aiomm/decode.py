@@ -186,11 +186,15 @@ def decode_image(
     max_pixels: int,
     formats: tuple[str, ...] = DEFAULT_FORMATS,
     max_pixels_per_byte: int | None = None,
+    reduce_to: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """Decode encoded image bytes into a C-contiguous ``H x W x 3`` uint8 array.
 
     The array is usually a read-only view of the pixel bytes Pillow hands out: copying them only
     to make them writable would cost a tenth of a JPEG decode, and the pipeline only reads them.
+    ``reduce_to``: a ``(height, width)`` the caller resizes to next; a JPEG at least twice that
+    size in both dimensions is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's
+    ``draft``), never below it. Other formats, and smaller JPEGs, decode at full size.
 
     :raises DecodeError: empty, corrupt, truncated or unsupported image data, or a format not in
         ``formats``.
@@ -198,8 +202,19 @@ def decode_image(
         ``max_pixels_per_byte`` pixels per encoded byte (checked before decoding).
     """
     with _open(data, max_pixels, formats, max_pixels_per_byte) as image:
+        if reduce_to is not None:
+            _draft(image, reduce_to)
         _load(image)
         return _rgb(image)
+
+
+def _draft(image: PIL.Image.Image, reduce_to: tuple[int, int]) -> None:
+    height, width = reduce_to
+    if image.format != "JPEG" or image.width < 2 * width or image.height < 2 * height:
+        return
+    # draft keeps the mode and picks the largest DCT scale whose result is still at least
+    # ``(width, height)``: the exact resize that follows only ever scales down.
+    image.draft(image.mode, (width, height))
 
 
 def image_from_object(obj: Any, *, max_pixels: int | None = None) -> np.ndarray:

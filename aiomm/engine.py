@@ -24,7 +24,7 @@ import torch
 
 from aiomm import memory
 from aiomm.admission import ByteBudget, ByteBudgetStatistics
-from aiomm.config import EngineConfig
+from aiomm.config import EngineConfig, Fidelity
 from aiomm.decode import keep_pillow_blocks, pillow_blocks_limit, release_pillow_blocks
 from aiomm.device import DeviceStage, DeviceStageStatistics
 from aiomm.errors import AiommError, ConfigError, EngineClosedError, ProcessingError
@@ -129,6 +129,14 @@ class Engine:
         #: the decode limit in force: ``decode.max_pixels``, or derived from the adapter
         self.max_pixels = cfg.decode.resolved_max_pixels(self.processor.max_kept_pixels())
         self._decoder: Decoder = decoder or PillowDecoder(cfg.decode, max_pixels=self.max_pixels)
+        #: the decode fidelity in force: ``fast`` needs the Pillow decoder and a native transform
+        self.fidelity: Fidelity = cfg.decode.fidelity
+        if self.fidelity == "fast" and (
+            not isinstance(self._decoder, PillowDecoder) or self.processor.transform != "native"
+        ):
+            log.warning("fast_fidelity_unavailable", decoder=type(self._decoder).__name__,
+                        transform=self.processor.transform)  # fmt: skip
+            self.fidelity = "exact"
         self._tg: anyio.abc.TaskGroup | None = None
         self._counted = False  # counted among the process's open engines (aiomm.memory)
         self._stack: contextlib.AsyncExitStack | None = None
@@ -238,13 +246,19 @@ class Engine:
             ),
             cache=CacheStage(
                 ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared),
-                fingerprint=self._fingerprint,
+                # fast and exact items differ: they never share a cache entry
+                fingerprint=self._fingerprint
+                + ("" if self.fidelity == "exact" else f":{self.fidelity}"),
                 normalize_mode=self._normalize_mode,
                 enabled=cfg.cache_capacity_bytes > 0 or shared is not None,
                 trust_supplied_hashes=cfg.trust_supplied_hashes,
             ),
             transform=TransformStage(
-                self.processor, self._decoder, threads=cfg.transform_threads, budget=self._budget
+                self.processor,
+                self._decoder,
+                threads=cfg.transform_threads,
+                budget=self._budget,
+                fidelity=self.fidelity,
             ),
             assemble=AssembleStage(self.processor),
             output=OutputStage(self.device),

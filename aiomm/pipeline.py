@@ -140,6 +140,7 @@ class Pipeline:
             items=list(loaded) if self.return_items else [],  # type: ignore[arg-type]
             cache=[it.outcome for it in items],
             timings=timings,
+            fidelity=self.transform.fidelity,
         )
 
     async def _load_item(

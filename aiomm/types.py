@@ -81,6 +81,9 @@ class Result:
     #: seconds spent per stage (summed over items where a stage runs per item)
     timings: dict[str, float] = field(default_factory=dict)
     error: AiommError | None = None
+    #: the engine's ``DecodeConfig.fidelity`` in force: ``exact`` (bit-identical to HF) or
+    #: ``fast`` (JPEGs decoded at a reduced scale where the resize allows it)
+    fidelity: str = "exact"
 
     @property
     def ok(self) -> bool:
@@ -106,5 +109,6 @@ class Result:
                 for k, v in self.mm_kwargs.items()
             },
             "cache": [c.value for c in self.cache],
+            "fidelity": self.fidelity,
             "timings_ms": {k: round(v * 1000, 3) for k, v in self.timings.items()},
         }

@@ -13,6 +13,7 @@ image-processor backend performs, so the results are equal bit for bit:
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from aiomm.errors import ProcessingError
 
 __all__ = (
     "Backend",
+    "ReducedImage",
     "Resample",
     "as_tensor_view",
     "backend_of",
@@ -32,6 +34,20 @@ __all__ = (
     "resize",
     "to_rgb_array",
 )
+
+
+@dataclass(frozen=True)
+class ReducedImage:
+    """An image decoded at a reduced scale (``DecodeConfig(fidelity="fast")``).
+
+    ``pixels`` is the reduced ``H x W x 3`` uint8 array; ``source_height`` and ``source_width``
+    the encoded image's size, from which the adapter computes its resize target, so the item has
+    the same size (and token count) as the exact decode's.
+    """
+
+    pixels: np.ndarray
+    source_height: int
+    source_width: int
 
 
 class Backend(enum.Enum):

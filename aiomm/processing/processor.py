@@ -176,6 +176,19 @@ class BaseMultiModalProcessor:
         engine derives its default ``DecodeConfig.max_pixels`` from it."""
         return None
 
+    def resize_target(
+        self, height: int, width: int, hf_kwargs: Mapping[str, Any]
+    ) -> tuple[int, int] | None:
+        """The ``(height, width)`` the native transform resizes a ``height x width`` image to
+        under ``hf_kwargs``, known before decoding; None when this adapter cannot say (the HF
+        transform, or no native one). The transform of a
+        :class:`~aiomm.processing.image_ops.ReducedImage` resizes to the
+        target of its source size: ``DecodeConfig(fidelity="fast")`` needs both.
+
+        :raises ProcessingError: the adapter rejects an image of that size.
+        """
+        return None
+
     # ------------------------------------------------------------------ public API
 
     def apply(

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from aiomm.admission import ByteBudget
-from aiomm.config import DecodeConfig
+from aiomm.config import DecodeConfig, Fidelity
 from aiomm.decode import ImageInfo, decode_image, probe_image
 from aiomm.processing.fields import MultiModalKwargsItem
+from aiomm.processing.image_ops import ReducedImage
 from aiomm.processing.processor import BaseMultiModalProcessor
 
 from ._stage import Stage
@@ -62,14 +63,18 @@ class PillowDecoder:
             max_pixels_per_byte=cfg.max_pixels_per_byte,
         )
 
-    def decode(self, data: bytes) -> np.ndarray:
-        """:raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.decode_image`."""
+    def decode(self, data: bytes, *, reduce_to: tuple[int, int] | None = None) -> np.ndarray:
+        """``reduce_to``: see :func:`aiomm.decode.decode_image` (``fidelity="fast"``).
+
+        :raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.decode_image`.
+        """
         cfg = self.config
         return decode_image(
             data,
             max_pixels=self.max_pixels,
             formats=cfg.formats,
             max_pixels_per_byte=cfg.max_pixels_per_byte,
+            reduce_to=reduce_to,
         )
 
 
@@ -85,11 +90,15 @@ class TransformStage(Stage):
         *,
         threads: int,
         budget: ByteBudget,
+        fidelity: Fidelity = "exact",
     ) -> None:
         super().__init__(threads)
         self.processor = processor
         self.decoder = decoder
         self.budget = budget
+        #: ``fast``: JPEGs are decoded at a reduced scale when the resize target allows it
+        #: (the caller checked that the decoder is a :class:`PillowDecoder`)
+        self.fidelity: Fidelity = fidelity
         self._local = threading.local()
 
     async def compute(
@@ -108,9 +117,18 @@ class TransformStage(Stage):
                     self.decoder.probe, data, limiter=self.limiter
                 )
                 nbytes = int(info.peak_bytes)
+                target = self._reduce_target(info, kwargs)
+                if target is None:
 
-                def load() -> np.ndarray:
-                    return self.decoder.decode(data)
+                    def load() -> Any:
+                        return self.decoder.decode(data)
+                else:
+                    decoder = self.decoder
+                    assert isinstance(decoder, PillowDecoder)
+
+                    def load() -> Any:
+                        pixels = decoder.decode(data, reduce_to=target)
+                        return ReducedImage(pixels, info.height, info.width)
             else:  # already an RGB array (converted by the hash stage)
                 nbytes = int(raw.nbytes)
 
@@ -127,6 +145,15 @@ class TransformStage(Stage):
             finally:
                 self.budget.release(nbytes)
             return item
+
+    def _reduce_target(self, info: ImageInfo, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
+        # The fast mode's reduced decode applies to JPEGs whose target is at most half the source.
+        if self.fidelity != "fast" or info.format != "JPEG":
+            return None
+        target = self.processor.resize_target(info.height, info.width, kwargs)
+        if target is None or 2 * target[0] > info.height or 2 * target[1] > info.width:
+            return None
+        return target
 
     def _transform(self, load: Callable[[], Any], kwargs: dict[str, Any]) -> MultiModalKwargsItem:
         """Worker thread: decode and transform one image."""

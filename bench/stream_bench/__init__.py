@@ -29,6 +29,7 @@ capacity); ``--gpu`` adds the engine with its device stage on CUDA (``aiomm-gpu`
 it moves.
 
     aiomm bench --quick                    # every system on a tiny workload, < 1 minute
+    aiomm bench --sizes 512,1024,2048      # per size class, and the fast mode (``sizes``)
     aiomm bench                            # the full report, ~5-10 minutes on 2 cores
     aiomm bench --vllm-python /tmp/vllm-venv/bin/python --sweep [--gpu]
     python bench/stream_bench --quick      # the same without the aiomm command
@@ -45,6 +46,7 @@ Modules, in import order (each imports only those above it):
 - ``systems/``: ``hf`` (sequential, threads), ``aiomm`` (with thread scaling), ``vllm`` (runs
   ``bench/_vllm_worker.py`` in another interpreter);
 - ``exactness``: the decode + resize floor and the output checks;
+- ``sizes``: ``--sizes``, throughput per size class (float32 and uint8 rows) and the fast mode;
 - ``tuning``: the ``--sweep`` grid; ``gpu``: the ``--gpu`` run;
 - ``jobs``: one job per system, in this process or a child;
 - ``analysis``, ``report``, ``plot``: ratios and targets, the table, the PNG;

@@ -98,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
         help="one process per system (default: on, off with --quick)",
     )
     p.add_argument("--exact-samples", type=int, help="requests checked (2 quick, 6 full)")
+    z = p.add_argument_group("size classes (instead of the streaming run)")
+    z.add_argument(
+        "--sizes",
+        help="longest edges, e.g. 512,1024,2048: aiomm (float32, uint8), hf-threads and the floor "
+        "per size class, and the fast mode against exact",
+    )
+    z.add_argument("--per-class", type=int, default=24, help="images per size class")
+    z.add_argument("--size-repeats", type=int, default=2, help="interleaved runs, best kept")
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p
 
@@ -106,12 +114,33 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _run_sizes(args: argparse.Namespace) -> int:
+    from .sizes import report_sizes, run_sizes
+
+    record = run_sizes(
+        _ints(args.sizes),
+        per_class=args.per_class,
+        threads=args.threads,
+        concurrency=args.max_in_flight,
+        repeats=args.size_repeats,
+        seed=args.seed,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "sizes.json"
+    path.write_text(json.dumps(json_safe(record), indent=1))
+    print(report_sizes(record))
+    print(f"results: {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 when it ran and aiomm's outputs are exact."""
     args = _parser().parse_args(argv)
     if args.child:
         return run_child(args.child)
     configure_logging(level="WARNING")
+    if args.sizes:
+        return _run_sizes(args)
     quick = args.quick
     isolate = (not quick) if args.isolate is None else args.isolate
     systems = [s for s in args.systems.split(",") if s]

@@ -1,0 +1,311 @@
+"""``aiomm bench --sizes 512,1024,2048``: throughput per image-size class, and the fast mode.
+
+Per size class (the longest edge; square-ish and 4:3 photo aspect ratios, JPEG and PNG, one
+image a request, as chat traffic sends them), side by side in one process and one run:
+
+- ``aiomm float32``: ``Engine.process`` on the CPU device, the model's normalised float32 rows;
+- ``aiomm uint8``: ``Engine.process(device=False)``, the uint8 rows the device stage ships to a
+  GPU: the CPU work of a GPU deployment;
+- ``hf-threads``: Pillow decode, then the HF processor per request in ``asyncio.to_thread``;
+- ``floor``: the single-thread CPU time of decode + resize alone (the engine's own functions),
+  divided by the cores.
+
+Images/s is wall-clock throughput with ``concurrency`` requests in flight, after one warm-up
+request; CPU ms per image is the process's CPU time over the images (the figure least disturbed
+by other work on a shared machine). Each system runs ``repeats`` interleaved times and keeps its
+best throughput. The item cache is off (every image is unique anyway).
+
+The fast-mode table compares ``DecodeConfig(fidelity="fast")`` with ``exact`` (uint8 rows) at the
+adapter's pixel budget (``size.longest_edge``; Qwen2-VL's embedded default is 1280 * 28 * 28, the
+setting Qwen documents for serving): fast mode only changes JPEGs whose resize target is at most
+half the source, so PNGs and images already within half the budget are unchanged. PSNR is of the
+fast rows against the exact rows, per changed image (mean and worst).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from aiomm import Engine, EngineConfig, Request
+from aiomm.config import DecodeConfig
+from aiomm.decode import DEFAULT_MAX_PIXELS, decode_image, keep_pillow_blocks
+from aiomm.memory import tune_malloc
+from aiomm.processing.image_ops import Backend, Resample, resize
+from aiomm.samples import encode, photo_like
+
+from .exactness import _target_size
+from .measure import cores
+from .processors import aiomm_processor, pil, small_image
+from .workload import prompt_for
+
+PROMPT = prompt_for(1, "describe")
+
+
+@dataclass(frozen=True)
+class SizeClass:
+    """The encoded images of one size class."""
+
+    size: int
+    images: list[bytes]
+    shapes: list[tuple[int, int]]
+    formats: list[str]
+
+
+def make_class(size: int, n: int, seed: int) -> SizeClass:
+    """``n`` photo-like images of longest edge ``size``: square-ish and 4:3, two JPEGs a PNG."""
+    rng = np.random.default_rng([seed, size])
+    images, shapes, formats = [], [], []
+    for i in range(n):
+        if i % 2:
+            h, w = size * 3 // 4, size  # photo, landscape
+        else:
+            h, w = int(size * rng.uniform(0.9, 1.0)), size  # square-ish
+        if i % 4 == 3:
+            h, w = w, h  # some portraits
+        fmt = "PNG" if i % 3 == 2 else "JPEG"
+        images.append(encode(photo_like(rng, h, w), fmt))
+        shapes.append((h, w))
+        formats.append(fmt)
+    return SizeClass(size, images, shapes, formats)
+
+
+@dataclass
+class Run:
+    """One system's best run over a size class."""
+
+    images_per_s: float
+    cpu_ms_per_image: float
+
+
+async def _drive(items: Sequence[Any], one: Callable[[Any], Awaitable[Any]], limit: int) -> Run:
+    """``items`` through ``one``, ``limit`` at a time: throughput and process CPU per item."""
+    sem = asyncio.Semaphore(limit)
+
+    async def go(item: Any) -> Any:
+        async with sem:
+            return await one(item)
+
+    cpu, t = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(go(i) for i in items))
+    wall, cpu_s = time.perf_counter() - t, time.process_time() - cpu
+    return Run(len(items) / wall, cpu_s / len(items) * 1000)
+
+
+def _best(runs: list[Run]) -> Run:
+    # other tenants of a shared machine only slow a run down: keep the fastest, and its CPU
+    return max(runs, key=lambda r: r.images_per_s)
+
+
+class Systems:
+    """The systems of the table, built once and reused for every size class."""
+
+    def __init__(self, threads: int, concurrency: int) -> None:
+        self.threads = threads
+        self.concurrency = concurrency
+        self.processor = aiomm_processor()
+        self.hf = self.processor.hf_processor
+        self.hf(text=[PROMPT], images=[small_image()], return_tensors="pt")
+        self._local = threading.local()
+
+    def _engine(self, **decode: Any) -> Engine:
+        config = EngineConfig(
+            device="cpu",
+            visual_dtype="float32",
+            transform_threads=self.threads,
+            cache_capacity_bytes=0,
+            decode=DecodeConfig(**decode),
+        )
+        return Engine(self.processor, config)
+
+    def aiomm(self, images: list[bytes], *, device: bool, **decode: Any) -> Run:
+        kwargs = decode.pop("kwargs", None)
+
+        async def main() -> Run:
+            async with self._engine(**decode) as engine:
+
+                async def one(data: bytes) -> Any:
+                    request = Request(prompt=PROMPT, images=[data], mm_processor_kwargs=kwargs)
+                    result = await engine.process(request, device=device)
+                    if not result.ok:
+                        raise RuntimeError(f"aiomm failed: {result.error}")
+                    return result
+
+                await one(images[0])  # warm the worker threads
+                return await _drive(images, one, self.concurrency)
+
+        return asyncio.run(main())
+
+    def rows(self, images: list[bytes], **decode: Any) -> list[torch.Tensor]:
+        """The uint8 rows of every image (for the PSNR), with the cache off."""
+        kwargs = decode.pop("kwargs", None)
+
+        async def main() -> list[torch.Tensor]:
+            async with self._engine(**decode) as engine:
+                out = []
+                for data in images:
+                    request = Request(prompt=PROMPT, images=[data], mm_processor_kwargs=kwargs)
+                    result = await engine.process(request, device=False)
+                    if not result.ok:
+                        raise RuntimeError(f"aiomm failed: {result.error}")
+                    out.append(result.pixel_values)
+                return out
+
+        return asyncio.run(main())
+
+    def hf_threads(self, images: list[bytes]) -> Run:
+        def processor() -> Any:
+            # HF fast tokenizers are not thread-safe: one processor per worker thread
+            proc = getattr(self._local, "proc", None)
+            if proc is None:
+                proc = self._local.proc = copy.deepcopy(self.hf)
+            return proc
+
+        def process(data: bytes) -> Any:
+            out = processor()(text=[PROMPT], images=[pil(data)], return_tensors="pt")
+            if out["pixel_values"].shape[0] == 0:
+                raise RuntimeError("no pixel values")
+
+        async def one(data: bytes) -> Any:
+            return await asyncio.to_thread(process, data)
+
+        async def main() -> Run:
+            await one(images[0])  # warm the worker threads
+            return await _drive(images, one, self.concurrency)
+
+        return asyncio.run(main())
+
+    def floor(self, images: list[bytes]) -> Run:
+        """Single-thread CPU time of decode + resize alone, over the cores."""
+        resample = Resample(int(self.hf.image_processor.resample))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            cpu_s = 0.0
+            for data in images:
+                t = time.thread_time()
+                array = decode_image(data, max_pixels=DEFAULT_MAX_PIXELS)
+                height, width = _target_size(self.hf, array.shape[0], array.shape[1])
+                resize(array, height, width, resample, Backend.TORCHVISION)
+                cpu_s += time.thread_time() - t
+        finally:
+            torch.set_num_threads(threads)
+        n = len(images)
+        return Run(n / (cpu_s / self.threads), cpu_s / n * 1000)
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR (dB) of uint8 rows ``b`` against ``a``; inf when equal."""
+    mse = float(((a.double() - b.double()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def run_sizes(
+    sizes: Sequence[int],
+    *,
+    per_class: int = 24,
+    threads: int | None = None,
+    concurrency: int = 8,
+    repeats: int = 2,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Measure every size class; a JSON-friendly record (see :func:`report_sizes`)."""
+    threads = threads or cores()
+    keep_pillow_blocks(EngineConfig(transform_threads=threads).pillow_blocks_kept())
+    tune_malloc()
+    systems = Systems(threads, concurrency)
+    classes = []
+    for size in sizes:
+        sc = make_class(size, per_class, seed)
+        n = len(sc.images)
+        runs: dict[str, list[Run]] = {"aiomm float32": [], "aiomm uint8": [], "hf-threads": []}
+        fast: dict[str, list[Run]] = {"exact": [], "fast": []}
+        for _ in range(repeats):  # interleaved, so a busy moment hits every system alike
+            runs["aiomm float32"].append(systems.aiomm(sc.images, device=True))
+            runs["aiomm uint8"].append(systems.aiomm(sc.images, device=False))
+            runs["hf-threads"].append(systems.hf_threads(sc.images))
+            for fidelity, runs_of in fast.items():
+                runs_of.append(systems.aiomm(sc.images, device=False, fidelity=fidelity))
+        floor = systems.floor(sc.images)
+        best = {k: _best(v) for k, v in runs.items()}
+        best_fast = {k: _best(v) for k, v in fast.items()}
+        exact_rows = systems.rows(sc.images, fidelity="exact")
+        fast_rows = systems.rows(sc.images, fidelity="fast")
+        values = [psnr(a, b) for a, b in zip(exact_rows, fast_rows, strict=True)]
+        finite = [v for v in values if math.isfinite(v)]
+        quality = {
+            "psnr_mean_db": float(np.mean(finite)) if finite else math.inf,
+            "psnr_worst_db": min(values),
+            "changed": len(finite),
+        }
+        classes.append(
+            {
+                "size": size,
+                "images": n,
+                "jpeg": sc.formats.count("JPEG"),
+                "png": sc.formats.count("PNG"),
+                "mean_mp": float(np.mean([h * w for h, w in sc.shapes])) / 1e6,
+                "systems": {k: vars(v) for k, v in best.items()} | {"floor": vars(floor)},
+                "fast": {k: vars(v) for k, v in best_fast.items()},
+                "quality": quality,
+            }
+        )
+    return {
+        "threads": threads,
+        "cores": cores(),
+        "concurrency": concurrency,
+        "repeats": repeats,
+        "max_pixels": int(_size_edge(systems.hf, "longest_edge")),
+        "classes": classes,
+    }
+
+
+def _size_edge(hf: Any, key: str) -> Any:
+    size = hf.image_processor.size
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+
+def report_sizes(record: dict[str, Any]) -> str:
+    """The size-class table and the fast-mode table, as text."""
+    lines = [
+        f"size classes: {record['threads']} transform threads, {record['cores']} cores, "
+        f"{record['concurrency']} requests in flight, best of {record['repeats']} interleaved runs",
+        "",
+        f"{'class':>6} {'MP':>5} {'system':<14} {'img/s':>8} {'CPU ms/img':>11} "
+        f"{'x hf-thr':>9} {'x floor':>8}",
+    ]
+    for c in record["classes"]:
+        s = c["systems"]
+        hf, floor = s["hf-threads"]["images_per_s"], s["floor"]["images_per_s"]
+        for name in ("aiomm float32", "aiomm uint8", "hf-threads", "floor"):
+            r = s[name]
+            lines.append(
+                f"{c['size']:>6} {c['mean_mp']:>5.2f} {name:<14} {r['images_per_s']:>8.1f} "
+                f"{r['cpu_ms_per_image']:>11.2f} {r['images_per_s'] / hf:>9.2f} "
+                f"{r['images_per_s'] / floor:>8.2f}"
+            )
+    lines += [
+        "",
+        "fast mode: DecodeConfig(fidelity='fast') vs 'exact', uint8 rows, adapter budget "
+        f"max_pixels={record['max_pixels']}; PSNR of fast vs exact rows over the changed images",
+        f"{'class':>6} {'exact img/s':>12} {'fast img/s':>11} {'ratio':>6} "
+        f"{'PSNR mean':>10} {'worst':>7} {'changed':>8}",
+    ]
+    for c in record["classes"]:
+        q = c["quality"]
+        e, x = c["fast"]["exact"]["images_per_s"], c["fast"]["fast"]["images_per_s"]
+        lines.append(
+            f"{c['size']:>6} {e:>12.1f} {x:>11.1f} {x / e:>6.2f} "
+            f"{q['psnr_mean_db']:>10.1f} {q['psnr_worst_db']:>7.1f} "
+            f"{q['changed']:>4}/{c['images']}"
+        )
+    return "\n".join(lines)

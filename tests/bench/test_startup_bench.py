@@ -1,0 +1,27 @@
+"""bench/startup_bench.py: a fresh process per timing, every phase reported (no timing asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "startup_bench.py"
+
+
+def test_one_run_reports_every_phase(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("startup_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--runs", "1", "--json", str(tmp_path / "s.json")]) == 0
+    printed = capsys.readouterr().out
+    record = json.loads((tmp_path / "s.json").read_text())
+    median = record["median_s"]
+    assert all(median[p] >= 0 for p in module.PHASES)
+    # the phases add up to the time from spawn to the first result
+    assert sum(median[p] for p in module.PHASES) == pytest.approx(median["first_result"])
+    assert record["aiomm_run_samples_1_s"] > median["first_result"] / 2
+    assert "spawn -> first result" in printed and "aiomm run --samples 1" in printed
