@@ -129,10 +129,11 @@ class Engine:
         #: the decode limit in force: ``decode.max_pixels``, or derived from the adapter
         self.max_pixels = cfg.decode.resolved_max_pixels(self.processor.max_kept_pixels())
         self._decoder: Decoder = decoder or PillowDecoder(cfg.decode, max_pixels=self.max_pixels)
-        #: the decode fidelity in force: ``fast`` needs the Pillow decoder and a native transform
+        #: the decode fidelity in force: ``fast`` needs the Pillow decoder itself (a subclass may
+        #: convert differently) and a native transform
         self.fidelity: Fidelity = cfg.decode.fidelity
         if self.fidelity == "fast" and (
-            not isinstance(self._decoder, PillowDecoder) or self.processor.transform != "native"
+            type(self._decoder) is not PillowDecoder or self.processor.transform != "native"
         ):
             log.warning("fast_fidelity_unavailable", decoder=type(self._decoder).__name__,
                         transform=self.processor.transform)  # fmt: skip

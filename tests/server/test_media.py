@@ -107,3 +107,15 @@ def test_mm_hash_depends_on_bytes_model_and_mode() -> None:
     assert a != image_mm_hash(b"abd", "/m", mode_converted=False)
     assert a != image_mm_hash(b"abc", "/n", mode_converted=False)
     assert a != image_mm_hash(b"abc", "/m", mode_converted=True)
+
+
+def test_fast_fidelity_stays_exact_with_vllms_rule() -> None:
+    """The fast mode's reduced decode is Pillow's own; an engine decoding by vLLM's rule keeps
+    exact decoding (and says so) instead of mixing the two."""
+    from aiomm.adapters import build_processor
+    from aiomm.config import DecodeConfig, EngineConfig
+    from aiomm.engine import Engine
+
+    config = EngineConfig(device="cpu", decode=DecodeConfig(fidelity="fast"))
+    engine = Engine(build_processor("qwen2-vl"), config, decoder=VllmDecoder())
+    assert engine.fidelity == "exact"
