@@ -46,6 +46,7 @@ from aiomm.stages import (
     PillowDecoder,
     StageStatistics,
     TransformStage,
+    VideoLimits,
     is_network,
 )
 from aiomm.stats import LatencyStats, StageRecorder
@@ -235,6 +236,8 @@ class Engine:
                 cfg.transform_threads,
                 in_thread_bytes=cfg.hash_in_thread_bytes,
                 max_pixels=self.max_pixels,
+                max_video_frames=cfg.decode.max_video_frames,
+                max_video_bytes=cfg.decode.max_video_bytes,
             ),
             cache=CacheStage(
                 ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared),
@@ -244,7 +247,13 @@ class Engine:
                 trust_supplied_hashes=cfg.trust_supplied_hashes,
             ),
             transform=TransformStage(
-                self.processor, self._decoder, threads=cfg.transform_threads, budget=self._budget
+                self.processor,
+                self._decoder,
+                threads=cfg.transform_threads,
+                budget=self._budget,
+                video_limits=VideoLimits(
+                    cfg.decode.max_video_frames, cfg.decode.max_video_bytes, self.max_pixels
+                ),
             ),
             assemble=AssembleStage(self.processor),
             output=OutputStage(self.device),

@@ -30,6 +30,7 @@ __all__ = (
     "hf_backend_normalize",
     "patchify",
     "resize",
+    "resize_chw",
     "to_rgb_array",
 )
 
@@ -136,6 +137,14 @@ def resize(
     chw = _chw_view(image)
     if (h, w) == (height, width):
         return chw
+    return resize_chw(chw, height, width, resample)
+
+
+def resize_chw(chw: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:
+    """A uint8 ``C x H x W`` tensor resized as the torchvision backend resizes (antialiased).
+
+    :raises ProcessingError: for a resample filter that backend has no mode for.
+    """
     mode = _TORCH_MODES.get(resample)
     if mode is None:
         raise ProcessingError(f"the torchvision-backend native resize has no {resample.name} mode")
