@@ -529,8 +529,8 @@ def _sampled_fps(metadata: Mapping[str, Any]) -> float:
 
 
 def resize_frames(video: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:
-    """``T x C x H x W`` uint8 frames resized as torchvision's backend resizes each of them."""
-    return torch.stack([resize_chw(frame, height, width, resample) for frame in video])
+    """``T x C x H x W`` uint8 frames resized as the video processor resizes them: one batch."""
+    return resize_chw(video, height, width, resample)
 
 
 def patchify_video(

@@ -141,7 +141,8 @@ def resize(
 
 
 def resize_chw(chw: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:
-    """A uint8 ``C x H x W`` tensor resized as the torchvision backend resizes (antialiased).
+    """A uint8 ``C x H x W`` tensor (or a ``N x C x H x W`` batch of them, e.g. a video's
+    frames) resized as the torchvision backend resizes (antialiased).
 
     :raises ProcessingError: for a resample filter that backend has no mode for.
     """
@@ -150,13 +151,13 @@ def resize_chw(chw: torch.Tensor, height: int, width: int, resample: Resample) -
         raise ProcessingError(f"the torchvision-backend native resize has no {resample.name} mode")
     antialias = mode != "nearest"
     out = F.interpolate(
-        chw.unsqueeze(0),
+        chw if chw.dim() == 4 else chw.unsqueeze(0),
         size=(height, width),
         mode=mode,
         align_corners=False if antialias else None,
         antialias=antialias,
     )
-    return out[0]
+    return out if chw.dim() == 4 else out[0]
 
 
 def hf_backend_normalize(
