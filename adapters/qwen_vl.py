@@ -369,6 +369,12 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             kwargs.setdefault("cap_pixels_per_frame", False)
         # min_pixels/max_pixels at call time are deprecated in transformers: pass them as size.
         if "min_pixels" in kwargs or "max_pixels" in kwargs:
+            if clips:
+                # they would override each processor's own size, one size call for both
+                raise ProcessorKwargsError(
+                    "min_pixels/max_pixels with videos: pass size={'shortest_edge': ..., "
+                    "'longest_edge': ...} (it applies to images and videos alike)"
+                )
             params = self._resolve_params(kwargs)
             kwargs.pop("min_pixels", None)
             kwargs.pop("max_pixels", None)

@@ -78,6 +78,7 @@ class EngineStats:
     #: refused at once with OverloadedError (``EngineConfig.max_waiting``)
     requests_shed: int
     images_processed: int
+    videos_processed: int
     bytes_to_device: int
     #: per-request latency of each stage (summed over a request's items)
     stages: dict[str, LatencyStats]
@@ -136,6 +137,7 @@ class Engine:
         self._pipeline: Pipeline | None = None
         self._recorder = StageRecorder()
         self._images = 0
+        self._videos = 0
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
         self.admission = AdmissionStage(
             cfg.max_in_flight, cfg.waiting_bound(), network_slots=cfg.network_slots()
@@ -354,7 +356,8 @@ class Engine:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         try:
-            network = any(is_network(source) for source in request.images)
+            sources = (*request.images, *request.videos)
+            network = any(is_network(source) for source in sources)
             async with self.admission.admit(network=network):
                 timings["admission"] = time.perf_counter() - t0
                 try:
@@ -374,6 +377,7 @@ class Engine:
             raise
         timings["total"] = time.perf_counter() - t0
         self._images += len(request.images)
+        self._videos += len(request.videos)
         self._recorder.record_all(timings)
         log.debug("request_done", request_id=rid, timings_ms=_ms(timings),
                   cache=[c.value for c in result.cache])  # fmt: skip
@@ -448,6 +452,7 @@ class Engine:
             requests_cancelled=requests.cancelled,
             requests_shed=requests.shed,
             images_processed=self._images,
+            videos_processed=self._videos,
             bytes_to_device=self.device.bytes_moved,
             stages=self._recorder.snapshot(),
             queues=queues,

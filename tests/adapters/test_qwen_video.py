@@ -8,6 +8,7 @@ against aiomm's streamed decode of only the sampled frames.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -57,9 +58,8 @@ def hf_processor_call(proc: Any, text: str, clips: list[VideoClip], kwargs: dict
         text=[text],
         videos=[c.frames for c in clips],
         video_metadata=[c.metadata() for c in clips],
-        cap_pixels_per_frame=False,
         return_tensors="pt",
-        **kwargs,
+        **{"cap_pixels_per_frame": False, **kwargs},
         **extra,
     )
 
@@ -136,6 +136,24 @@ def test_video_parity_classic_and_defaults(name: str) -> None:
     assert [p.offset for p in got.mm_placeholders["video"]] == [
         o for o, _ in _placeholders_from_ids(got.prompt_token_ids, proc.video_token_id)
     ]
+
+
+@pytest.mark.parametrize("transform", ["native", "hf"])
+def test_cap_pixels_per_frame(transform: str) -> None:
+    """qwen-vl-utils' total pixel budget (``cap_pixels_per_frame``), where it bites."""
+    hf = copy.deepcopy(hf_processor("qwen2-vl"))
+    hf.video_processor.max_video_tokens = 10  # read from the processor, as HF reads it
+    proc = build_processor("qwen2-vl", hf, config=MultiModalConfig(transform=transform))
+    clip = clip_from_frames(frames_of(8, 64, 96), max_frames=8, max_bytes=1 << 24)
+    ids = hf.tokenizer(VIDEO_PLACEHOLDER, add_special_tokens=False)["input_ids"]
+    for cap in (False, True):
+        kwargs = {"cap_pixels_per_frame": cap, **SMALL}
+        got = proc.apply(ids, {"video": [clip]}, kwargs).merged_kwargs()
+        ref = hf_processor_call(proc, VIDEO_PLACEHOLDER, [clip], kwargs,
+                                do_rescale=False, do_normalize=False)  # fmt: skip
+        assert torch.equal(got["video_grid_thw"], ref["video_grid_thw"])
+        assert torch.equal(got["pixel_values_videos"].float(), ref["pixel_values_videos"])
+        assert got["video_grid_thw"].tolist() == ([[4, 2, 4]] if cap else [[4, 4, 6]])
 
 
 def test_frames_in_memory_match_hf() -> None:
@@ -215,6 +233,9 @@ def test_sampling_off_keeps_every_frame_and_kwargs_are_checked() -> None:
     with pytest.raises(ProcessorKwargsError, match="frame rate"):
         proc.sample_frames(VideoInfo(9, None, 10, 10), {"do_sample_frames": True, "fps": 1.0})
     assert "fps" in proc.allowed_hf_kwargs() and "video_metadata" not in proc.allowed_hf_kwargs()
+    clip = clip_from_frames(frames_of(2, 32, 32), max_frames=4, max_bytes=1 << 20)
+    with pytest.raises(ProcessorKwargsError, match="pass size="):
+        proc.process_items({"video": [clip]}, {"min_pixels": 56 * 56})
 
 
 def test_qwen3_vl_takes_no_video_yet() -> None:

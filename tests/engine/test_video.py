@@ -87,6 +87,7 @@ async def test_video_request_miss_then_hit_equals_apply() -> None:
         _assert_equal(third, out2, merged2)
         assert third.cache == [CacheOutcome.MISS]
         assert merged2["video_grid_thw"][0, 0] == 4 != merged["video_grid_thw"][0, 0]
+        assert engine.stats().videos_processed == 5
 
 
 async def test_frames_in_memory_and_device_normalisation() -> None:
@@ -136,6 +137,19 @@ async def test_video_for_an_image_only_adapter_is_refused() -> None:
     async with _engine("qwen3-vl") as engine:
         result = await engine.process_safe(Request(prompt="a", videos=[VIDEO]))
     assert isinstance(result.error, UnknownModalityError)
+
+
+def test_video_item_survives_the_shared_cache_codec() -> None:
+    from aiomm.item_codec import decode_item, encode_item
+
+    proc = build_processor("qwen2.5-vl", hf_processor("qwen2.5-vl"))
+    clip = decode_video(VIDEO, lambda i: range(4))
+    item = proc.process_items({"video": [clip]}, SMALL)["video"][0]
+    back = decode_item(encode_item(item))
+    assert back.modality == "video" and set(back.data) == set(item.data)
+    for key, value in item.data.items():
+        assert torch.equal(back.data[key], value), key
+    assert back.fields == item.fields
 
 
 def test_clip_from_frames_checks() -> None:
