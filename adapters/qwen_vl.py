@@ -2,7 +2,9 @@
 
 Reference: transformers' ``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` / ``Qwen3VLProcessor`` with
 ``Qwen2VLImageProcessor`` (torchvision backend) or ``Qwen2VLImageProcessorPil`` (PIL backend),
-which every member uses for images. Images only: video is not supported yet.
+which every member uses for images. Video (Qwen2-VL and Qwen2.5-VL): ``Qwen2VLVideoProcessor``
+(torchvision only; no PIL backend exists), see :class:`QwenVLProcessor`. Qwen3-VL's video, whose
+prompt interleaves timestamps, is not supported yet.
 
 The transform: ``smart_resize`` to a multiple of ``patch_size * merge_size`` within
 ``[shortest_edge, longest_edge]`` pixels, bicubic resize, then rows of
@@ -48,16 +50,19 @@ from aiomm.processing.image_ops import (
     as_tensor_view,
     patchify,
     resize,
+    resize_chw,
     to_rgb_array,
 )
 from aiomm.processing.processor import BaseMultiModalProcessor
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
+from aiomm.video import VideoClip, VideoInfo
 
 __all__ = (
     "QwenVLProcessor",
     "grid_fields_config",
     "grid_outputs",
     "grid_prompt_updates",
+    "sample_frame_indices",
     "smart_resize",
 )
 
@@ -66,6 +71,11 @@ QWEN_SPECIAL_TOKENS = (
     "<|image_pad|>", "<|video_pad|>",
 )  # fmt: skip
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
+#: the HF processors whose video prompt is one run of ``<|video_pad|>`` per video
+_PLAIN_VIDEO_PROCESSORS = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
+#: video kwargs that choose frames: applied when the video is decoded (and part of the cache key)
+SAMPLING_KWARGS = frozenset({"do_sample_frames", "fps", "num_frames", "min_frames", "max_frames"})
 
 
 def smart_resize(
@@ -103,13 +113,55 @@ def grid_outputs(transformed: list[tuple[torch.Tensor, list[int]]]) -> dict[str,
     }
 
 
-def grid_prompt_updates(token: int, tokens_of: Callable[[int], int]) -> list[PromptUpdate]:
-    """Image ``i``'s placeholder token becomes ``tokens_of(i)`` copies of itself."""
+def grid_prompt_updates(
+    token: int, tokens_of: Callable[[int], int], modality: str = "image"
+) -> list[PromptUpdate]:
+    """Item ``i``'s placeholder token becomes ``tokens_of(i)`` copies of itself."""
 
     def replacement(i: int) -> PromptUpdateDetails:
         return PromptUpdateDetails.from_seq([token] * tokens_of(i))
 
-    return [PromptReplacement("image", [token], replacement)]
+    return [PromptReplacement(modality, [token], replacement)]
+
+
+def sample_frame_indices(
+    info: VideoInfo,
+    *,
+    do_sample_frames: bool,
+    fps: float | None,
+    num_frames: int | None,
+    min_frames: int,
+    max_frames: int,
+    temporal_patch_size: int,
+) -> list[int]:
+    """The frames ``Qwen2VLVideoProcessor.sample_frames`` keeps of a video (every frame when
+    ``do_sample_frames`` is off), identical indices.
+
+    :raises ProcessorKwargsError: ``fps`` with ``num_frames``, or more frames than the video has.
+    """
+    total = info.total_num_frames
+    if not do_sample_frames:
+        return list(range(total))
+    if fps is not None and num_frames is not None:
+        raise ProcessorKwargsError("fps and num_frames are mutually exclusive")
+    tps = temporal_patch_size
+    count: float | int | None = None
+    if num_frames is not None:
+        count = round(num_frames / tps) * tps
+    elif fps is not None:
+        if info.fps is None:
+            raise ProcessorKwargsError("sampling by fps needs a video with a frame rate")
+        top = math.floor(min(max_frames, total) / tps) * tps
+        count = min(max(total / info.fps * fps, min_frames), top, total)
+        count = math.floor(count / tps) * tps
+    if count is None:
+        return list(range(total))
+    if count > total or count <= 0:
+        raise ProcessorKwargsError(
+            f"cannot sample {count} frames of a video of {total} frames; change fps or num_frames"
+        )
+    # torch's float arithmetic, as HF computes it, so that the indices are the same
+    return torch.arange(0, total, total / count).int().tolist()
 
 
 def grid_fields_config(
@@ -209,12 +261,21 @@ class _TransformParams:
                  "internlm/Intern-S2-Mobius"),
 )  # fmt: skip
 class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
-    """Processor of every Qwen-VL family architecture (images)."""
+    """Processor of every Qwen-VL family architecture: images, and videos where the prompt of a
+    video is one run of ``<|video_pad|>`` (Qwen2-VL, Qwen2.5-VL).
+
+    A video item is a :class:`~aiomm.video.VideoClip` (frames already sampled: see
+    :meth:`sample_frames`). Its transform is ``Qwen2VLVideoProcessor``'s: every frame resized to
+    one ``smart_resize`` size (the video processor's own pixel bounds), frames padded to a
+    multiple of ``temporal_patch_size`` with the last one, and rows of ``temporal_patch_size``
+    consecutive real frames (``pixel_values_videos``, uint8 when the device normalises; never
+    compact), ``video_grid_thw`` and, for Qwen2.5-VL, ``second_per_grid_ts``.
+    """
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.PATCHES
 
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
-        {"image": IMAGE_PLACEHOLDER}
+        {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER}
     )
     has_native: ClassVar[bool] = True
     supports_device_resize: ClassVar[bool] = True
@@ -222,6 +283,24 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
         self.image_token_id: int = int(hf_processor.image_token_id)
+        self.video_processor: Any = getattr(hf_processor, "video_processor", None)
+        plain = type(hf_processor).__name__ in _PLAIN_VIDEO_PROCESSORS
+        self.supports_video = plain and self.video_processor is not None
+        if self.supports_video:
+            self.supported_modalities = ("image", "video")  # type: ignore[misc]
+            self.video_token_id: int = int(hf_processor.video_token_id)
+            self._seconds_per_grid = type(hf_processor).__name__ == "Qwen2_5_VLProcessor"
+
+    def allowed_hf_kwargs(self) -> frozenset[str]:
+        """The image processor's kwargs, and the video processor's where videos are taken."""
+        allowed = super().allowed_hf_kwargs()
+        if not self.supports_video:
+            return allowed
+        typed = self.video_processor.valid_kwargs
+        video = set(typed.__required_keys__) | set(typed.__optional_keys__)
+        # owned by aiomm: the decode passes the sampled frames and their metadata
+        owned = {"do_rescale", "do_normalize", "return_tensors", "device", "video_metadata"}
+        return allowed | frozenset(video - owned - {"return_metadata"})
 
     # kwargs ---------------------------------------------------------------------------------
 
@@ -243,12 +322,60 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             _TransformParams, ip, hf_kwargs, min_pixels=int(shortest), max_pixels=int(longest)
         )
 
+    def _resolve_video_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
+        vp = self.video_processor
+        shortest, longest = size_edges(hf_kwargs.get("size", vp.size))
+        shortest = hf_kwargs.get("min_pixels", shortest)
+        longest = hf_kwargs.get("max_pixels", longest)
+        if not shortest or not longest:
+            raise ProcessorKwargsError(
+                "Qwen-VL video needs size={'shortest_edge': min_pixels, 'longest_edge': max_pixels}"
+            )
+        return resolve_params(
+            _TransformParams, vp, hf_kwargs, min_pixels=int(shortest), max_pixels=int(longest)
+        )
+
+    def sample_frames(self, info: VideoInfo, hf_kwargs: Mapping[str, Any]) -> list[int]:
+        """The indices of the frames the HF video processor samples from a video of ``info``
+        with the request's kwargs (every frame unless ``do_sample_frames``).
+
+        :raises ProcessorKwargsError: for sampling kwargs that do not fit the video.
+        """
+        vp = self.video_processor
+
+        def get(name: str) -> Any:
+            return hf_kwargs.get(name, getattr(vp, name, None))
+
+        return sample_frame_indices(
+            info,
+            do_sample_frames=bool(get("do_sample_frames")),
+            fps=get("fps"),
+            num_frames=get("num_frames"),
+            min_frames=int(get("min_frames")),
+            max_frames=int(get("max_frames")),
+            temporal_patch_size=int(get("temporal_patch_size")),
+        )
+
     def _get_hf_mm_inputs(
         self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         hf_data, kwargs, passthrough = super()._get_hf_mm_inputs(mm_items, hf_kwargs)
+        for key in SAMPLING_KWARGS:
+            kwargs.pop(key, None)  # the frames are sampled already
+        clips: list[VideoClip] = hf_data.get("videos", [])
+        if clips:
+            hf_data["videos"] = [c.frames for c in clips]
+            kwargs["video_metadata"] = [c.metadata() for c in clips]
+            kwargs["do_sample_frames"] = False
+            kwargs.setdefault("cap_pixels_per_frame", False)
         # min_pixels/max_pixels at call time are deprecated in transformers: pass them as size.
         if "min_pixels" in kwargs or "max_pixels" in kwargs:
+            if clips:
+                # they would override each processor's own size, one size call for both
+                raise ProcessorKwargsError(
+                    "min_pixels/max_pixels with videos: pass size={'shortest_edge': ..., "
+                    "'longest_edge': ...} (it applies to images and videos alike)"
+                )
             params = self._resolve_params(kwargs)
             kwargs.pop("min_pixels", None)
             kwargs.pop("max_pixels", None)
@@ -320,20 +447,74 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             src = resize_uint8(src, height, width, variant, layout="hwc")
         return src.permute(2, 0, 1).contiguous()
 
+    def transform_video(
+        self, clip: VideoClip, params: _TransformParams, cap_pixels_per_frame: bool = False
+    ) -> tuple[torch.Tensor, list[int]]:
+        """One video -> (rows ``[gt * gh * gw, C * T * P * P]`` of ``T = temporal_patch_size``
+        consecutive frames, ``[grid_t, gh, gw]``), as ``Qwen2VLVideoProcessor``."""
+        frames = clip.frames
+        t, height, width = frames.shape[0], frames.shape[1], frames.shape[2]
+        factor = params.patch_size * params.merge_size
+        tps = params.temporal_patch_size
+        if params.do_resize:
+            max_pixels = params.max_pixels
+            if cap_pixels_per_frame:
+                total = int(self.video_processor.max_video_tokens * factor * factor * 0.9)
+                max_pixels = max(min(max_pixels, total * tps // t), int(params.min_pixels * 1.05))
+            height, width = smart_resize(
+                height, width, factor=factor, min_pixels=params.min_pixels, max_pixels=max_pixels
+            )
+        # T x C x H x W with channels-last strides: resize reads any strides
+        video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
+        if (height, width) != tuple(video.shape[-2:]):
+            video = resize_frames(video, height, width, params.resample)
+        if not self.device_normalize:
+            # the video processor's own operation: the classic path equals HF's bit for bit
+            video = self.video_processor.rescale_and_normalize(
+                video.float(), True, params.rescale_factor, True,
+                tuple(params.image_mean), tuple(params.image_std),
+            )  # fmt: skip
+        if pad := -t % tps:
+            video = torch.cat((video, video[-1:].expand(pad, -1, -1, -1)))
+        return patchify_video(video, patch_size=params.patch_size, merge_size=params.merge_size,
+                              temporal_patch_size=tps)  # fmt: skip
+
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
-        params = self._resolve_params(hf_kwargs)
-        return grid_outputs([self.transform_image(i, params) for i in hf_data.get("images", [])])
+        out: dict[str, Any] = {}
+        if hf_data.get("images"):
+            params = self._resolve_params(hf_kwargs)
+            out.update(grid_outputs([self.transform_image(i, params) for i in hf_data["images"]]))
+        clips: list[np.ndarray] = hf_data.get("videos", [])
+        if clips:
+            params = self._resolve_video_params(hf_kwargs)
+            cap = bool(hf_kwargs.get("cap_pixels_per_frame"))
+            meta = hf_kwargs["video_metadata"]
+            done = [
+                self.transform_video(VideoClip(f, m["fps"], m["total_num_frames"],
+                                               tuple(m["frames_indices"])), params, cap)
+                for f, m in zip(clips, meta, strict=True)
+            ]  # fmt: skip
+            rows = [r for r, _ in done]
+            out["pixel_values_videos"] = rows[0] if len(rows) == 1 else torch.cat(rows)
+            out["video_grid_thw"] = torch.tensor([g for _, g in done], dtype=torch.long)
+            if self._seconds_per_grid:
+                tps = params.temporal_patch_size
+                seconds = [tps / _sampled_fps(m) for m in meta]
+                out["second_per_grid_ts"] = torch.tensor(seconds)
+        return out
 
     # fields, updates, normalisation ---------------------------------------------------------
 
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
     ) -> dict[str, MultiModalFieldConfig]:
+        fields = video_fields_config(outputs)
         if self.transform != "native" or "pixel_values" not in outputs:
-            return grid_fields_config(outputs)
+            return {**grid_fields_config(outputs), **fields}
         params = self._resolve_params(hf_kwargs)
         channels = outputs["pixel_values"].shape[-1] // params.patch_size**2
-        return grid_fields_config(outputs, repeat=(channels, params.temporal_patch_size))
+        repeat = (channels, params.temporal_patch_size)
+        return {**grid_fields_config(outputs, repeat=repeat), **fields}
 
     def num_image_tokens(self, item: MultiModalKwargsItem, hf_kwargs: Mapping[str, Any]) -> int:
         merge = int(hf_kwargs.get("merge_size", self.image_processor.merge_size))
@@ -346,6 +527,56 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
     ) -> list[PromptUpdate]:
         items = mm_kwargs.get("image", [])
-        return grid_prompt_updates(
+        updates = grid_prompt_updates(
             self.image_token_id, lambda i: self.num_image_tokens(items[i], hf_kwargs)
         )
+        if self.supports_video:
+            videos = mm_kwargs.get("video", [])
+            merge = int(hf_kwargs.get("merge_size", self.video_processor.merge_size))
+
+            def video_tokens(i: int) -> int:
+                return int(videos[i].data["video_grid_thw"].prod()) // (merge * merge)
+
+            updates += grid_prompt_updates(self.video_token_id, video_tokens, "video")
+        return updates
+
+
+def _sampled_fps(metadata: Mapping[str, Any]) -> float:
+    """HF's ``VideoMetadata.sampled_fps`` of a ``video_metadata`` entry."""
+    fps = metadata["fps"]
+    if fps is None:
+        return 24.0
+    return len(metadata["frames_indices"]) / metadata["total_num_frames"] * fps
+
+
+def resize_frames(video: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:
+    """``T x C x H x W`` uint8 frames resized as the video processor resizes them: one batch."""
+    return resize_chw(video, height, width, resample)
+
+
+def patchify_video(
+    video: torch.Tensor, *, patch_size: int, merge_size: int, temporal_patch_size: int
+) -> tuple[torch.Tensor, list[int]]:
+    """``T x C x H x W`` frames (``T`` a multiple of ``temporal_patch_size``) -> Qwen-VL rows
+    ``[gt * gh * gw, C * tps * P * P]`` (merge windows adjacent; channel-major, then frame) and
+    ``[gt, gh, gw]``. One copy, no dtype change."""
+    t, c, h, w = video.shape
+    p, m, tps = patch_size, merge_size, temporal_patch_size
+    gt, gh, gw = t // tps, h // p, w // p
+    x = video.reshape(gt, tps, c, gh // m, m, p, gw // m, m, p)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(gt * gh * gw, c * tps * p * p), [gt, gh, gw]
+
+
+def video_fields_config(outputs: Mapping[str, Any]) -> dict[str, MultiModalFieldConfig]:
+    """Video items: ``prod(video_grid_thw)`` full rows each, one grid (and duration) each."""
+    grid = outputs.get("video_grid_thw")
+    if grid is None:
+        return {}
+    fields = {
+        "pixel_values_videos": MultiModalFieldConfig.flat_from_sizes("video", grid.prod(-1)),
+        "video_grid_thw": MultiModalFieldConfig.batched("video"),
+    }
+    if "second_per_grid_ts" in outputs:
+        fields["second_per_grid_ts"] = MultiModalFieldConfig.batched("video")
+    return fields

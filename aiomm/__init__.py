@@ -13,6 +13,7 @@ from .errors import CacheValueError as CacheValueError
 from .errors import ConfigError as ConfigError
 from .errors import DecodeError as DecodeError
 from .errors import DownloadTooLargeError as DownloadTooLargeError
+from .errors import EmptyVideoError as EmptyVideoError
 from .errors import EngineClosedError as EngineClosedError
 from .errors import FetchError as FetchError
 from .errors import FetchTimeoutError as FetchTimeoutError
@@ -35,6 +36,7 @@ from .errors import TooManyRedirectsError as TooManyRedirectsError
 from .errors import UnknownArchitectureError as UnknownArchitectureError
 from .errors import UnknownModalityError as UnknownModalityError
 from .errors import UnsupportedDtypeError as UnsupportedDtypeError
+from .errors import VideoTooLargeError as VideoTooLargeError
 from .logging import configure_logging as configure_logging
 
 if _typing.TYPE_CHECKING:
@@ -78,6 +80,7 @@ __all__ = (
     "DecodeConfig",
     "DecodeError",
     "DownloadTooLargeError",
+    "EmptyVideoError",
     "Engine",
     "EngineClosedError",
     "EngineConfig",
@@ -110,6 +113,7 @@ __all__ = (
     "UnknownArchitectureError",
     "UnknownModalityError",
     "UnsupportedDtypeError",
+    "VideoTooLargeError",
     "__version__",
     "configure_logging",
 )

@@ -158,8 +158,9 @@ class DecodeConfig:
     """Limits of the decode stage.
 
     :raises ConfigError: ``max_pixels`` or ``max_pixels_per_byte`` not a positive integer or
-        None, ``pillow_blocks_kept`` < 0, ``formats`` not a tuple of format names, or
-        ``fidelity`` not ``exact`` or ``fast``.
+        None, ``pillow_blocks_kept`` < 0, ``max_video_frames`` or ``max_video_bytes`` not a
+        positive integer, ``formats`` not a tuple of format names, or ``fidelity`` not
+        ``exact`` or ``fast``.
     """
 
     #: largest ``width * height`` decoded; larger images raise ImageTooLargeError unread.
@@ -187,6 +188,12 @@ class DecodeConfig:
     #: the target), then resized exactly to the same target; close to exact (PSNR above 40 dB
     #: on photos, measured by ``aiomm bench --sizes``), not equal. Needs the native transform.
     fidelity: Fidelity = "exact"
+    #: sampled frames a video may keep (more raise VideoTooLargeError before any decode);
+    #: HF Qwen-VL's ``max_frames``
+    max_video_frames: int = 768
+    #: decoded bytes of a video's sampled frames at most (``frames * height * width * 3``);
+    #: also bounded by ``EngineConfig.max_decoded_bytes_in_flight`` while being decoded
+    max_video_bytes: int = 1 << 30
 
     def resolved_max_pixels(self, adapter_pixels: int | None = None) -> int:
         """``max_pixels``, or when None the limit derived from ``adapter_pixels`` (the most
@@ -202,6 +209,8 @@ class DecodeConfig:
         _check_int(self, "max_pixels", minimum=1, optional=True)
         _check_int(self, "max_pixels_per_byte", minimum=1, optional=True)
         _check_int(self, "pillow_blocks_kept", minimum=0, optional=True)
+        _check_int(self, "max_video_frames", minimum=1)
+        _check_int(self, "max_video_bytes", minimum=1)
         formats = self.formats
         if isinstance(formats, str) or not all(isinstance(f, str) and f for f in formats):
             raise ConfigError(

@@ -46,6 +46,7 @@ from aiomm.stages import (
     PillowDecoder,
     StageStatistics,
     TransformStage,
+    VideoLimits,
     is_network,
 )
 from aiomm.stats import LatencyStats, StageRecorder
@@ -77,6 +78,7 @@ class EngineStats:
     #: refused at once with OverloadedError (``EngineConfig.max_waiting``)
     requests_shed: int
     images_processed: int
+    videos_processed: int
     bytes_to_device: int
     #: per-request latency of each stage (summed over a request's items)
     stages: dict[str, LatencyStats]
@@ -144,6 +146,7 @@ class Engine:
         self._pipeline: Pipeline | None = None
         self._recorder = StageRecorder()
         self._images = 0
+        self._videos = 0
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
         self.admission = AdmissionStage(
             cfg.max_in_flight, cfg.waiting_bound(), network_slots=cfg.network_slots()
@@ -244,6 +247,8 @@ class Engine:
                 cfg.transform_threads,
                 in_thread_bytes=cfg.hash_in_thread_bytes,
                 max_pixels=self.max_pixels,
+                max_video_frames=cfg.decode.max_video_frames,
+                max_video_bytes=cfg.decode.max_video_bytes,
             ),
             cache=CacheStage(
                 ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared),
@@ -260,6 +265,9 @@ class Engine:
                 threads=cfg.transform_threads,
                 budget=self._budget,
                 fidelity=self.fidelity,
+                video_limits=VideoLimits(
+                    cfg.decode.max_video_frames, cfg.decode.max_video_bytes, self.max_pixels
+                ),
             ),
             assemble=AssembleStage(self.processor),
             output=OutputStage(self.device),
@@ -360,7 +368,8 @@ class Engine:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         try:
-            network = any(is_network(source) for source in request.images)
+            sources = (*request.images, *request.videos)
+            network = any(is_network(source) for source in sources)
             async with self.admission.admit(network=network):
                 timings["admission"] = time.perf_counter() - t0
                 try:
@@ -380,6 +389,7 @@ class Engine:
             raise
         timings["total"] = time.perf_counter() - t0
         self._images += len(request.images)
+        self._videos += len(request.videos)
         self._recorder.record_all(timings)
         log.debug("request_done", request_id=rid, timings_ms=_ms(timings),
                   cache=[c.value for c in result.cache])  # fmt: skip
@@ -454,6 +464,7 @@ class Engine:
             requests_cancelled=requests.cancelled,
             requests_shed=requests.shed,
             images_processed=self._images,
+            videos_processed=self._videos,
             bytes_to_device=self.device.bytes_moved,
             stages=self._recorder.snapshot(),
             queues=queues,

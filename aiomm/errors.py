@@ -30,7 +30,9 @@ and never embed payloads. Any error may carry the ``request_id`` and ``item_inde
     │   │   ├── FetchTimeoutError (TimeoutError)   connect, read or total timeout
     │   │   └── HTTPStatusError                    non-2xx response (``status_code``, ``url``)
     │   └── DecodeError                            corrupt, truncated, empty or unsupported image
-    │       └── ImageTooLargeError                 pixel count above the limit (decompression bomb)
+    │       ├── ImageTooLargeError                 pixel count above the limit (decompression bomb)
+    │       ├── EmptyVideoError                    a video without a decodable frame
+    │       └── VideoTooLargeError                 sampled frames or bytes above the video budget
     ├── OverloadedError (RuntimeError)             too many requests waiting: shed (HTTP 429/503)
     └── EngineClosedError (RuntimeError)           the engine is not open
 """
@@ -48,6 +50,7 @@ __all__ = (
     "ConfigError",
     "DecodeError",
     "DownloadTooLargeError",
+    "EmptyVideoError",
     "EngineClosedError",
     "FetchError",
     "FetchTimeoutError",
@@ -70,6 +73,7 @@ __all__ = (
     "UnknownArchitectureError",
     "UnknownModalityError",
     "UnsupportedDtypeError",
+    "VideoTooLargeError",
 )
 
 _E = TypeVar("_E", bound="AiommError")
@@ -307,6 +311,15 @@ class DecodeError(MediaError):
 
 class ImageTooLargeError(DecodeError):
     """Raised when an image's pixel count exceeds the limit, checked before the full decode."""
+
+
+class EmptyVideoError(DecodeError):
+    """Raised when a video holds no decodable frame (no video stream, or zero frames)."""
+
+
+class VideoTooLargeError(DecodeError):
+    """Raised when a video's sampled frames exceed the frame or byte budget, or a frame the pixel
+    limit, checked from the container's header before any frame is decoded."""
 
 
 class OverloadedError(AiommError, RuntimeError):

@@ -1,9 +1,9 @@
 """The pipeline: composes the stages for one request (the only module that knows them all).
 
-``load -> hash -> cache (-> transform on a miss)`` runs per item, concurrently for a request's
-items; ``assemble -> output`` runs once per request. Admission happens in the engine, before a
-request enters. Errors are typed and carry the request id (and the item index where one item
-failed); a request's other items are cancelled with it, other requests go on.
+``load -> hash -> cache (-> transform on a miss)`` runs per item (image or video), concurrently
+for a request's items; ``assemble -> output`` runs once per request. Admission happens in the
+engine, before a request enters. Errors are typed and carry the request id (and the item index
+where one item failed); a request's other items are cancelled with it, other requests go on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from aiomm.errors import AiommError, ProcessingError
+from aiomm.errors import AiommError, ProcessingError, UnknownModalityError
 from aiomm.item_cache import CacheOutcome
 from aiomm.processing.fields import MultiModalKwargsItem
 from aiomm.stages import (
@@ -87,24 +87,34 @@ class Pipeline:
     ) -> Result:
         kwargs = dict(request.mm_processor_kwargs or {})
         self.transform.processor.validate_hf_kwargs(kwargs)
+        videos = list(request.videos)
+        if videos and "video" not in self.transform.processor.supported_modalities:
+            raise UnknownModalityError("video", self.transform.processor.supported_modalities)
         prompt_ids = self.assemble.prompt_ids(request)
-        n = len(request.images)
+        n_images = len(request.images)
+        # a request's items: its images, then its videos (``item_index`` counts across both)
+        sources = [*request.images, *videos]
+        n = len(sources)
         supplied = request.image_hashes if self.cache.trust_supplied_hashes else None
-        hashes: Sequence[str | None] = supplied or [None] * n
+        hashes: Sequence[str | None] = [*(supplied or [None] * n_images), *[None] * len(videos)]
         items = [_Item() for _ in range(n)]
         item_timings: list[dict[str, float]] = [{} for _ in range(n)]
 
         async def one(i: int) -> None:
+            kind = "image" if i < n_images else "video"
             try:
-                await self._load_item(
-                    request.images[i], hashes[i], request.tenant, kwargs, items[i], item_timings[i]
-                )
+                if kind == "image":
+                    await self._load_item(
+                        sources[i], hashes[i], request.tenant, kwargs, items[i], item_timings[i]
+                    )
+                else:
+                    await self._load_video(sources[i], kwargs, items[i], item_timings[i])
             except AiommError as exc:
                 exc.with_context(request_id=rid, item_index=i)
                 raise
             except Exception as exc:
                 raise ProcessingError(
-                    f"internal error while processing image {i}: {type(exc).__name__}: {exc}"
+                    f"internal error while processing {kind} {i}: {type(exc).__name__}: {exc}"
                 ).with_context(request_id=rid, item_index=i) from exc
 
         if n == 1:
@@ -123,7 +133,12 @@ class Pipeline:
         t = time.perf_counter()
         loaded = [it.item for it in items]
         assert all(item is not None for item in loaded)
-        processed = self.assemble.assemble(prompt_ids, loaded, kwargs)  # type: ignore[arg-type]
+        processed = self.assemble.assemble(
+            prompt_ids,
+            loaded[:n_images],  # type: ignore[arg-type]
+            kwargs,
+            videos=loaded[n_images:],  # type: ignore[arg-type]
+        )
         timings["assemble"] = time.perf_counter() - t
 
         merged: dict[str, Any] = {}
@@ -181,6 +196,25 @@ class Pipeline:
 
         t = time.perf_counter()
         out.item, out.outcome = await cache.get_or_compute(out.key, compute)
+        timings["cache_and_compute"] = time.perf_counter() - t
+
+    async def _load_video(
+        self, source: Any, kwargs: Mapping[str, Any], out: _Item, timings: dict[str, float]
+    ) -> None:
+        """One video: fetched and hashed as an image, keyed by its content hash and the
+        processor kwargs (the sampling parameters among them), transformed on a miss."""
+        raw = await self._fetch(source, timings)
+        t = time.perf_counter()
+        raw, content_hash = await self.hash.hash_video(raw)
+        timings["hash"] = time.perf_counter() - t
+        # a namespace of its own: a video's bytes never share an image's entry
+        out.key = self.cache.key(f"video:{content_hash}", kwargs)
+
+        async def compute() -> MultiModalKwargsItem:
+            return await self.transform.compute_video(raw, kwargs, timings)
+
+        t = time.perf_counter()
+        out.item, out.outcome = await self.cache.get_or_compute(out.key, compute)
         timings["cache_and_compute"] = time.perf_counter() - t
 
     async def _fetch(self, source: Any, timings: dict[str, float]) -> Any:

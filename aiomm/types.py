@@ -21,10 +21,14 @@ __all__ = ("Request", "Result")
 
 @dataclass
 class Request:
-    """One prompt with its images.
+    """One prompt with its images and videos.
 
     An image is any of: encoded bytes, a file path, a ``data:`` URL, an ``http(s)://`` URL, a
-    ``PIL.Image.Image``, or an ``H x W x C`` uint8 numpy array.
+    ``PIL.Image.Image``, or an ``H x W x C`` uint8 numpy array. A video is encoded bytes, a path
+    or a URL as an image, or its frames in memory: a ``T x H x W x 3`` uint8 array or a list of
+    frames (adapters that take videos: Qwen2-VL, Qwen2.5-VL). Frames are sampled as the HF video
+    processor samples them, with the request's ``mm_processor_kwargs`` (``do_sample_frames``,
+    ``fps``, ``num_frames``); images come before videos in the request's items.
     Give ``prompt_token_ids`` (already tokenized, as serving stacks do) or ``prompt`` (text,
     tokenized with the adapter's tokenizer). ``image_hashes`` may carry caller-supplied content
     hashes (OpenAI-style clients send them): a cache hit then skips even the download. A supplied
@@ -33,7 +37,7 @@ class Request:
     owner), so one tenant cannot read or poison another's supplied-hash entries.
 
     :raises InvalidRequestError: both or neither of ``prompt_token_ids`` and ``prompt``;
-        ``images`` a single string or bytes; ``image_hashes`` not one per image.
+        ``images`` or ``videos`` a single string or bytes; ``image_hashes`` not one per image.
     """
 
     prompt_token_ids: Sequence[int] | None = None
@@ -43,6 +47,7 @@ class Request:
     mm_processor_kwargs: Mapping[str, Any] | None = None
     image_hashes: Sequence[str | None] | None = None
     tenant: str | None = None
+    videos: Sequence[Any] = ()
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt is None):
@@ -51,13 +56,14 @@ class Request:
                 f"give exactly one of prompt_token_ids and prompt, got {given}",
                 request_id=self.request_id,
             )
-        if isinstance(self.images, (str, bytes)):
-            # a lone URL or payload would otherwise be taken as a sequence of characters
-            raise InvalidRequestError(
-                f"images must be a sequence of images, got a single {type(self.images).__name__}; "
-                "wrap it in a list",
-                request_id=self.request_id,
-            )
+        for name, items in (("images", self.images), ("videos", self.videos)):
+            if isinstance(items, (str, bytes)):
+                # a lone URL or payload would otherwise be taken as a sequence of characters
+                raise InvalidRequestError(
+                    f"{name} must be a sequence of {name}, got a single "
+                    f"{type(items).__name__}; wrap it in a list",
+                    request_id=self.request_id,
+                )
         if self.image_hashes is not None and len(self.image_hashes) != len(self.images):
             raise InvalidRequestError(
                 f"image_hashes has {len(self.image_hashes)} entries for {len(self.images)} images",

@@ -32,6 +32,7 @@ __all__ = (
     "hf_backend_normalize",
     "patchify",
     "resize",
+    "resize_chw",
     "to_rgb_array",
 )
 
@@ -152,18 +153,27 @@ def resize(
     chw = _chw_view(image)
     if (h, w) == (height, width):
         return chw
+    return resize_chw(chw, height, width, resample)
+
+
+def resize_chw(chw: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:
+    """A uint8 ``C x H x W`` tensor (or a ``N x C x H x W`` batch of them, e.g. a video's
+    frames) resized as the torchvision backend resizes (antialiased).
+
+    :raises ProcessingError: for a resample filter that backend has no mode for.
+    """
     mode = _TORCH_MODES.get(resample)
     if mode is None:
         raise ProcessingError(f"the torchvision-backend native resize has no {resample.name} mode")
     antialias = mode != "nearest"
     out = F.interpolate(
-        chw.unsqueeze(0),
+        chw if chw.dim() == 4 else chw.unsqueeze(0),
         size=(height, width),
         mode=mode,
         align_corners=False if antialias else None,
         antialias=antialias,
     )
-    return out[0]
+    return out if chw.dim() == 4 else out[0]
 
 
 def hf_backend_normalize(

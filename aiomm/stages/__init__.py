@@ -34,6 +34,7 @@ from .output import OutputStage as OutputStage
 from .transform import Decoder as Decoder
 from .transform import PillowDecoder as PillowDecoder
 from .transform import TransformStage as TransformStage
+from .transform import VideoLimits as VideoLimits
 
 __all__ = (
     "AdmissionStage",
@@ -49,5 +50,6 @@ __all__ = (
     "Stage",
     "StageStatistics",
     "TransformStage",
+    "VideoLimits",
     "is_network",
 )

@@ -48,12 +48,17 @@ class AssembleStage(Stage):
         prompt_ids: Sequence[int],
         items: Sequence[MultiModalKwargsItem],
         kwargs: Mapping[str, Any],
+        *,
+        videos: Sequence[MultiModalKwargsItem] = (),
     ) -> ProcessedInputs:
-        """Prompt updates for ``items`` (in prompt order) applied to ``prompt_ids``.
+        """Prompt updates for ``items`` (images) and ``videos`` (each in prompt order) applied to
+        ``prompt_ids``.
 
         :raises ItemCountMismatchError: items and placeholders differ in number.
         :raises PromptUpdateError: an update cannot be applied.
         """
         with self.counted():
             mm_kwargs = {"image": list(items)} if items else {}
+            if videos:
+                mm_kwargs["video"] = list(videos)
             return self.processor.assemble(prompt_ids, mm_kwargs, kwargs)

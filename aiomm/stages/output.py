@@ -23,7 +23,7 @@ from ._stage import Stage
 __all__ = ("PIXEL_KEYS", "OutputStage")
 
 #: the keys whose values the device stage normalises (``ProcessedInputs.normalization``)
-PIXEL_KEYS = frozenset({"pixel_values"})
+PIXEL_KEYS = frozenset({"pixel_values", "pixel_values_videos"})
 
 
 class OutputStage(Stage):

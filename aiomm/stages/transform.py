@@ -1,4 +1,4 @@
-"""The transform stage: one item's encoded bytes (or RGB array) -> its processed item.
+"""The transform stage: one item's encoded bytes (or RGB array, or video frames) -> its item.
 
 Input: what the hash stage returned and the request's processor kwargs. Output: a
 :class:`~aiomm.processing.fields.MultiModalKwargsItem` (uint8 rows when the device normalises).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import anyio.to_thread
 import numpy as np
@@ -25,10 +25,18 @@ from aiomm.decode import ImageInfo, decode_image, probe_image
 from aiomm.processing.fields import MultiModalKwargsItem
 from aiomm.processing.image_ops import ReducedImage
 from aiomm.processing.processor import BaseMultiModalProcessor
+from aiomm.video import (
+    VideoClip,
+    VideoInfo,
+    check_budget,
+    decode_video,
+    probe_video,
+    sampled_bytes,
+)
 
 from ._stage import Stage
 
-__all__ = ("Decoder", "PillowDecoder", "TransformStage")
+__all__ = ("Decoder", "PillowDecoder", "TransformStage", "VideoLimits")
 
 
 class Decoder(Protocol):
@@ -78,6 +86,14 @@ class PillowDecoder:
         )
 
 
+class VideoLimits(NamedTuple):
+    """The video budget (``DecodeConfig``'s ``max_video_*`` and the per-frame pixel limit)."""
+
+    max_frames: int
+    max_bytes: int
+    max_pixels: int
+
+
 class TransformStage(Stage):
     """Decodes and transforms items in worker threads, admitting decoded bytes first."""
 
@@ -91,6 +107,7 @@ class TransformStage(Stage):
         threads: int,
         budget: ByteBudget,
         fidelity: Fidelity = "exact",
+        video_limits: VideoLimits | None = None,
     ) -> None:
         super().__init__(threads)
         self.processor = processor
@@ -99,6 +116,7 @@ class TransformStage(Stage):
         #: ``fast``: JPEGs are decoded at a reduced scale when the resize target allows it
         #: (the caller checked that the decoder is a :class:`PillowDecoder`)
         self.fidelity: Fidelity = fidelity
+        self.video_limits = video_limits or VideoLimits(768, 1 << 30, 1 << 26)
         self._local = threading.local()
 
     async def compute(
@@ -155,16 +173,66 @@ class TransformStage(Stage):
             return None
         return target
 
-    def _transform(self, load: Callable[[], Any], kwargs: dict[str, Any]) -> MultiModalKwargsItem:
-        """Worker thread: decode and transform one image."""
+    async def compute_video(
+        self, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
+    ) -> MultiModalKwargsItem:
+        """The processed item of the video ``raw`` (encoded bytes, or a clip of frames).
+
+        The header is probed and the frames sampled first; the sampled frames' decoded bytes
+        are admitted against the byte budget before any frame is decoded.
+
+        :raises DecodeError: corrupt or truncated video (``EmptyVideoError``: no frame,
+            ``VideoTooLargeError``: beyond the video budget).
+        :raises ProcessorKwargsError: sampling kwargs that do not fit the video.
+        :raises ProcessingError: the transform failed.
+        """
+        processor: Any = self.processor
+        limits = self.video_limits
+        with self.counted():
+            load: Callable[[], VideoClip]
+            if isinstance(raw, (bytes, bytearray, memoryview)):
+                data = bytes(raw)
+                info = await anyio.to_thread.run_sync(probe_video, data, limiter=self.limiter)
+                indices = processor.sample_frames(info, kwargs)
+                check_budget(info, indices, **limits._asdict())
+                nbytes = sampled_bytes(info, len(indices))
+
+                def load() -> VideoClip:
+                    return decode_video(data, lambda _: indices, info=info, **limits._asdict())
+            else:  # frames in memory (stacked by the hash stage): sampled as an array video
+                clip: VideoClip = raw
+                t, h, w = clip.frames.shape[:3]
+                indices = processor.sample_frames(VideoInfo(t, None, h, w), kwargs)
+                nbytes = int(clip.frames[0].nbytes) * len(indices)
+
+                def load() -> VideoClip:
+                    if len(indices) == t:
+                        return clip
+                    return VideoClip(clip.frames[indices], None, t, tuple(indices))
+
+            await self.budget.acquire(nbytes)
+            try:
+                t0 = time.perf_counter()
+                item = await anyio.to_thread.run_sync(
+                    self._transform, load, dict(kwargs), "video", limiter=self.limiter
+                )
+                timings["decode_transform"] = time.perf_counter() - t0
+            finally:
+                self.budget.release(nbytes)
+            return item
+
+    def _transform(
+        self, load: Callable[[], Any], kwargs: dict[str, Any], modality: str = "image"
+    ) -> MultiModalKwargsItem:
+        """Worker thread: decode and transform one item."""
         image = load()
         processor = self._thread_processor()
-        out = processor.process_items({"image": [image]}, kwargs, validated=True)
+        out = processor.process_items({modality: [image]}, kwargs, validated=True)
         device = processor.resize_device
         if device is not None and device.type == "cuda":
             # Items made on the device are cached and read from other streams: complete them first.
             torch.cuda.current_stream(device).synchronize()
-        return out["image"][0]
+        return out[modality][0]
 
     def _thread_processor(self) -> BaseMultiModalProcessor:
         # HF fast tokenizers are not thread-safe, so the hf path gets a processor per thread; the

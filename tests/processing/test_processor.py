@@ -82,7 +82,7 @@ def test_fewer_images_than_placeholders() -> None:
 
 def test_unknown_modality() -> None:
     proc = build_processor("qwen2-vl", hf())
-    with pytest.raises(UnknownModalityError, match=r"'audio'.*\['image'\]"):
+    with pytest.raises(UnknownModalityError, match=r"'audio'.*\['image', 'video'\]"):
         proc.apply(ids(f"describe {PH}"), {"image": images(1), "audio": [np.zeros(16000)]})
 
 

@@ -1,0 +1,140 @@
+"""Video preprocessing, aiomm against the HF video processor, side by side in one run.
+
+For Qwen2.5-VL with ``fps`` sampling, per video: the HF path decodes with transformers' own PyAV
+loader (``load_video(backend="pyav")`` with the video processor's ``sample_frames``) and runs
+``Qwen2_5_VLProcessor`` (CPU-normalised float32, its default); aiomm decodes only the sampled
+frames (``aiomm.video.decode_video``) and runs its native transform, once with uint8 output (the
+engine's default: normalised later on the device) and once CPU-normalised (the classic path, the
+same output as HF). Every path's sampled frames and grids are checked equal first. Prints videos
+per second and CPU milliseconds per sampled frame, and aiomm's ratios to HF.
+
+    python bench/video_bench.py [--frames 96] [--height 360] [--width 640] [--repeat 5] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import torch
+
+from aiomm.adapters import build_processor
+from aiomm.config import MultiModalConfig
+from aiomm.video import decode_video
+
+PROMPT = "<|vision_start|><|video_pad|><|vision_end|>"
+
+
+def make_video(frames: int, height: int, width: int, rate: int = 24) -> bytes:
+    """An H.264 MP4 of moving gradients (a few hundred kilobytes)."""
+    y, x = np.mgrid[0:height, 0:width]
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=rate)
+        stream.height, stream.width, stream.pix_fmt = height, width, "yuv420p"
+        for t in range(frames):
+            rgb = np.stack(
+                [np.sin((x + 4 * t) / (9 + 3 * c) + y / (13 + c)) * 100 + 120 for c in range(3)],
+                axis=-1,
+            ).astype(np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def _timed(fn: Any, repeat: int) -> tuple[float, float, Any]:
+    """(wall seconds, CPU seconds) per call, best of ``repeat`` wall times; the last output."""
+    walls, cpus, out = [], [], None
+    for _ in range(repeat):
+        c0, w0 = time.process_time(), time.perf_counter()
+        out = fn()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    best = int(np.argmin(walls))
+    return walls[best], cpus[best], out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--frames", type=int, default=96)
+    parser.add_argument("--height", type=int, default=360)
+    parser.add_argument("--width", type=int, default=640)
+    parser.add_argument("--fps", type=float, default=2.0)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="tiny video, one repeat")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.frames, args.height, args.width, args.repeat = 24, 64, 96, 1
+    torch.set_num_threads(1)  # one worker thread's cost, as the engine runs transforms
+
+    from transformers.video_utils import load_video
+
+    data = make_video(args.frames, args.height, args.width)
+    kwargs = {"do_sample_frames": True, "fps": args.fps}
+    fast = build_processor("qwen2.5-vl")
+    classic = build_processor("qwen2.5-vl", config=MultiModalConfig(mm_device_do_normalize=False))
+    hf = fast.hf_processor
+    ids = hf.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "v.mp4"
+        path.write_bytes(data)
+
+        def run_hf() -> Any:
+            sampler = partial(hf.video_processor.sample_frames, **kwargs)
+            frames, meta = load_video(str(path), backend="pyav", sample_indices_fn=sampler)
+            out = hf(
+                text=[PROMPT],
+                videos=[frames],
+                video_metadata=[meta],
+                do_sample_frames=False,
+                cap_pixels_per_frame=False,
+                return_tensors="pt",
+            )
+            return frames, out
+
+        def run_aiomm(proc: Any) -> Any:
+            clip = decode_video(data, lambda info: proc.sample_frames(info, kwargs))
+            return clip, proc.apply(ids, {"video": [clip]}, kwargs).merged_kwargs()
+
+        hf_wall, hf_cpu, (hf_frames, hf_out) = _timed(run_hf, args.repeat)
+        u8_wall, u8_cpu, (clip, u8_out) = _timed(lambda: run_aiomm(fast), args.repeat)
+        cl_wall, cl_cpu, (_, cl_out) = _timed(lambda: run_aiomm(classic), args.repeat)
+
+    # the same frames, grids and (classic path) pixels as HF
+    assert np.array_equal(clip.frames, hf_frames), "sampled frames differ from HF's PyAV loader"
+    assert torch.equal(u8_out["video_grid_thw"], hf_out["video_grid_thw"])
+    assert torch.equal(cl_out["pixel_values_videos"], hf_out["pixel_values_videos"])
+    assert torch.equal(cl_out["second_per_grid_ts"], hf_out["second_per_grid_ts"])
+
+    n = len(clip.frames_indices)
+    rows = {
+        "hf (pyav load_video + Qwen2_5_VLProcessor)": (hf_wall, hf_cpu),
+        "aiomm native, uint8 (device normalises)": (u8_wall, u8_cpu),
+        "aiomm native, CPU-normalised": (cl_wall, cl_cpu),
+    }
+    print(f"video: {args.frames} frames {args.width}x{args.height} H.264, {len(data)} bytes; "
+          f"fps={args.fps} samples {n} frames; grid {hf_out['video_grid_thw'][0].tolist()}; "
+          f"one torch thread; best of {args.repeat}")  # fmt: skip
+    print(f"{'path':45s} {'videos/s':>9s} {'CPU ms/frame':>13s} {'speed vs hf':>12s}")
+    report: dict[str, Any] = {"sampled_frames": n}
+    for name, (wall, cpu) in rows.items():
+        ratio = hf_wall / wall
+        print(f"{name:45s} {1 / wall:9.2f} {1000 * cpu / n:13.2f} {ratio:11.2f}x")
+        report[name] = {"videos_per_s": 1 / wall, "cpu_ms_per_frame": 1000 * cpu / n, "x": ratio}
+    print(json.dumps({k: v for k, v in report.items()}, default=float))
+    return report
+
+
+if __name__ == "__main__":
+    main()
