@@ -240,6 +240,26 @@ class _TransformParams:
     image_std: tuple[float, ...]
 
 
+def _pixel_bounded_params(
+    processor: Any, hf_kwargs: Mapping[str, Any], what: str
+) -> _TransformParams:
+    """Transform parameters of an image or video processor whose ``size`` (or the request's
+    ``min_pixels`` / ``max_pixels``) bounds the pixels smart_resize keeps.
+
+    :raises ProcessorKwargsError: neither gives both bounds.
+    """
+    shortest, longest = size_edges(hf_kwargs.get("size", processor.size))
+    shortest = hf_kwargs.get("min_pixels", shortest)
+    longest = hf_kwargs.get("max_pixels", longest)
+    if not shortest or not longest:
+        raise ProcessorKwargsError(
+            f"{what} needs size={{'shortest_edge': min_pixels, 'longest_edge': max_pixels}}"
+        )
+    return resolve_params(
+        _TransformParams, processor, hf_kwargs, min_pixels=int(shortest), max_pixels=int(longest)
+    )
+
+
 @register(
     Architecture("qwen2-vl", "Qwen2VLForConditionalGeneration", QWEN2,
                  "Qwen/Qwen2-VL-2B-Instruct"),
@@ -310,30 +330,10 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         return None if longest is None else int(longest)
 
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
-        ip = self.image_processor
-        shortest, longest = size_edges(hf_kwargs.get("size", ip.size))
-        shortest = hf_kwargs.get("min_pixels", shortest)
-        longest = hf_kwargs.get("max_pixels", longest)
-        if not shortest or not longest:
-            raise ProcessorKwargsError(
-                "Qwen-VL needs size={'shortest_edge': min_pixels, 'longest_edge': max_pixels}"
-            )
-        return resolve_params(
-            _TransformParams, ip, hf_kwargs, min_pixels=int(shortest), max_pixels=int(longest)
-        )
+        return _pixel_bounded_params(self.image_processor, hf_kwargs, "Qwen-VL")
 
     def _resolve_video_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
-        vp = self.video_processor
-        shortest, longest = size_edges(hf_kwargs.get("size", vp.size))
-        shortest = hf_kwargs.get("min_pixels", shortest)
-        longest = hf_kwargs.get("max_pixels", longest)
-        if not shortest or not longest:
-            raise ProcessorKwargsError(
-                "Qwen-VL video needs size={'shortest_edge': min_pixels, 'longest_edge': max_pixels}"
-            )
-        return resolve_params(
-            _TransformParams, vp, hf_kwargs, min_pixels=int(shortest), max_pixels=int(longest)
-        )
+        return _pixel_bounded_params(self.video_processor, hf_kwargs, "Qwen-VL video")
 
     def sample_frames(self, info: VideoInfo, hf_kwargs: Mapping[str, Any]) -> list[int]:
         """The indices of the frames the HF video processor samples from a video of ``info``

@@ -103,10 +103,4 @@ class VllmDecoder(PillowDecoder):
 
     def decode(self, data: bytes) -> np.ndarray:
         """:raises DecodeError, ImageTooLargeError: see :func:`load_image`."""
-        cfg = self.config
-        return load_image(
-            data,
-            max_pixels=self.max_pixels,
-            formats=cfg.formats,
-            max_pixels_per_byte=cfg.max_pixels_per_byte,
-        )[0]
+        return load_image(data, **self.limits)[0]

@@ -408,15 +408,14 @@ _LOCAL = threading.local()
 def _expanded(value: torch.Tensor, repeat: Repeat) -> torch.Tensor:
     """The model's rows of compact ``value``, written into a per-thread buffer that the next call
     reuses (numpy's broadcast copy is about 10x torch's strided expand copy here)."""
-    arr = np.ascontiguousarray(value.numpy())
-    n, width = arr.shape[0], arr.shape[1] // repeat.blocks
-    size = n * repeat.blocks * repeat.times * width
+    # the layout is the field's (Repeat.expand); only the copy is numpy's
+    view = repeat.expand(value).numpy()
     buf = getattr(_LOCAL, "buf", None)
-    if buf is None or buf.size < size:
-        buf = _LOCAL.buf = np.empty(size, arr.dtype)
-    out = buf[:size].reshape(n, repeat.blocks, repeat.times, width)
-    np.copyto(out, arr.reshape(n, repeat.blocks, 1, width))
-    return torch.from_numpy(out.reshape(n, -1))
+    if buf is None or buf.size < view.size:
+        buf = _LOCAL.buf = np.empty(view.size, view.dtype)
+    out = buf[: view.size].reshape(view.shape)
+    np.copyto(out, view)
+    return torch.from_numpy(out.reshape(view.shape[0], -1))
 
 
 def _wire_value(key: str, item: MultiModalKwargsItem) -> Any:

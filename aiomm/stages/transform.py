@@ -60,30 +60,23 @@ class PillowDecoder:
     def __init__(self, config: DecodeConfig, *, max_pixels: int | None = None) -> None:
         self.config = config
         self.max_pixels = max_pixels or config.resolved_max_pixels()
+        #: the header checks every decode and probe applies (subclasses pass them on)
+        self.limits: dict[str, Any] = {
+            "max_pixels": self.max_pixels,
+            "formats": config.formats,
+            "max_pixels_per_byte": config.max_pixels_per_byte,
+        }
 
     def probe(self, data: bytes) -> ImageInfo:
         """:raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image`."""
-        cfg = self.config
-        return probe_image(
-            data,
-            max_pixels=self.max_pixels,
-            formats=cfg.formats,
-            max_pixels_per_byte=cfg.max_pixels_per_byte,
-        )
+        return probe_image(data, **self.limits)
 
     def decode(self, data: bytes, *, reduce_to: tuple[int, int] | None = None) -> np.ndarray:
         """``reduce_to``: see :func:`aiomm.decode.decode_image` (``fidelity="fast"``).
 
         :raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.decode_image`.
         """
-        cfg = self.config
-        return decode_image(
-            data,
-            max_pixels=self.max_pixels,
-            formats=cfg.formats,
-            max_pixels_per_byte=cfg.max_pixels_per_byte,
-            reduce_to=reduce_to,
-        )
+        return decode_image(data, reduce_to=reduce_to, **self.limits)
 
 
 class VideoLimits(NamedTuple):
