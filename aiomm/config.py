@@ -374,8 +374,9 @@ class EngineConfig:
     #: every image's content instead, for callers that do not trust their clients
     trust_supplied_hashes: bool = True
     #: hand back each item as processed (``Result.items``: uint8 rows where the device
-    #: normalises) and skip the device stage, leaving ``Result.mm_kwargs`` empty; for render
-    #: tiers that ship items to a remote model engine
+    #: normalises) and skip the device stage, leaving ``Result.mm_kwargs`` empty (unless a call
+    #: asks for host rows with ``process(..., device=False)``); for render tiers that ship items
+    #: to a remote model engine
     return_items: bool = False
     fetch: FetchConfig = field(default_factory=FetchConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)

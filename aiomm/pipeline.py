@@ -142,7 +142,8 @@ class Pipeline:
         timings["assemble"] = time.perf_counter() - t
 
         merged: dict[str, Any] = {}
-        if not self.return_items:
+        if not device or not self.return_items:
+            # host rows (device=False) are merged in a worker thread even with return_items
             t = time.perf_counter()
             merged = await (self.output.run if device else self.output.run_host)(processed)
             timings["device"] = time.perf_counter() - t

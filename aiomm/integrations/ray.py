@@ -236,8 +236,8 @@ class ImagePreprocessor:
     def _with_features(
         self, columns: Mapping[str, Any], i: int, result: Result
     ) -> tuple[Result | AiommError, str | None]:
-        """The row's result with its model kwargs merged on the host from its items, and its
-        ``GenerateRequest.features`` as JSON (or the row's error)."""
+        """The row's result and its ``GenerateRequest.features`` as JSON (or the row's
+        error)."""
         import orjson
 
         from aiomm.server.render import generate_request_features, vllm_mm_hash
@@ -253,9 +253,7 @@ class ImagePreprocessor:
             hashes = [vllm_mm_hash(bytes(x), self.vllm_model_id) for x in images]
         except AiommError as exc:
             return exc, None
-        features = generate_request_features(result, hashes)
-        result.mm_kwargs = merge_items(result.items)
-        return result, orjson.dumps(features).decode()
+        return result, orjson.dumps(generate_request_features(result, hashes)).decode()
 
     def _check_columns(self, columns: Mapping[str, Any]) -> None:
         missing = [c for c in (self.image_column, *self.keep_columns) if c not in columns]
