@@ -39,7 +39,7 @@ import torch
 SUPPORT = Path(__file__).resolve().parents[1] / "tests" / "support"
 sys.path.insert(0, str(SUPPORT))
 
-from hostile_server import HostileServer, fixed, gzip_bomb, head, nested_gzip  # noqa: E402
+from hostile_server import HostileServer, drip, endless, fixed, gzip_bomb, head, nested_gzip  # noqa: E402
 
 from aiomm import Engine, EngineConfig, FetchConfig, OverloadedError, Request  # noqa: E402
 from aiomm.adapters import build_processor  # noqa: E402
@@ -57,19 +57,6 @@ def jpeg(seed: int, h: int = 96, w: int = 128) -> bytes:
     return encode(photo_like(np.random.default_rng(seed), h, w), "JPEG")
 
 
-def _drip(conn, release) -> None:  # type: ignore[no-untyped-def]
-    for byte in head(200, Content_Length=10):
-        if release.wait(0.2):
-            return
-        conn.sendall(bytes([byte]))
-
-
-def _endless(conn, release) -> None:  # type: ignore[no-untyped-def]
-    conn.sendall(head(200, Transfer_Encoding="chunked"))
-    while not release.is_set():
-        conn.sendall(b"%x\r\n%s\r\n" % (1 << 16, b"e" * (1 << 16)))
-
-
 GOOD_PNG = encode(photo_like(np.random.default_rng(7), 80, 112), "PNG")
 ROUTES = {
     "/good.png": fixed(200, GOOD_PNG),
@@ -78,8 +65,8 @@ ROUTES = {
     "/gzip-gzip": fixed(200, nested_gzip(256 << 20, 2), Content_Encoding="gzip, gzip"),
     "/triple": fixed(200, nested_gzip(256 << 20, 3), Content_Encoding="gzip, gzip, gzip"),
     "/br": fixed(200, b"x" * 100, Content_Encoding="br"),
-    "/drip": _drip,
-    "/endless": _endless,
+    "/drip": drip,
+    "/endless": endless,
     "/short": lambda c, r: c.sendall(head(200, Content_Length=1000) + b"x" * 10),
     "/to-metadata": fixed(302, b"", Location="http://169.254.169.254/latest/"),
     "/to-mapped": fixed(302, b"", Location="http://[::ffff:10.0.0.1]/"),

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hostile_server import HostileServer, fixed, gzip_bomb, head, nested_gzip
+from hostile_server import HostileServer, drip, endless, fixed, gzip_bomb, head, nested_gzip
 
 from aiomm.errors import (
     BlockedAddressError,
@@ -35,20 +35,6 @@ PAYLOAD = bytes(range(256)) * 64  # 16 KiB that compress a little
 BOMB = gzip_bomb(256 << 20)  # 256 MiB of zeros in ~250 KB
 GZIP_GZIP = nested_gzip(256 << 20, 2)  # ~600 bytes
 TRIPLE = nested_gzip(256 << 20, 3)
-
-
-def _drip(conn: socket.socket, release: threading.Event) -> None:  # slow loris: a header byte
-    for byte in head(200, Content_Length=10):  # at a time, each within the read timeout
-        if release.wait(0.2):
-            return
-        conn.sendall(bytes([byte]))
-
-
-def _endless(conn: socket.socket, release: threading.Event) -> None:
-    conn.sendall(head(200, Transfer_Encoding="chunked"))
-    chunk = b"%x\r\n%s\r\n" % (1 << 16, b"e" * (1 << 16))
-    while not release.is_set():
-        conn.sendall(chunk)
 
 
 def _short(conn: socket.socket, release: threading.Event) -> None:  # declares more than it sends
@@ -84,8 +70,8 @@ ROUTES = {
         200, gzip.compress(PAYLOAD)[:20] + b"\x00" * 50, Content_Encoding="gzip"
     ),
     "/identity": fixed(200, PAYLOAD, Content_Encoding="identity"),
-    "/drip": _drip,
-    "/endless": _endless,
+    "/drip": drip,
+    "/endless": endless,
     "/short": _short,
     "/long": fixed(200, b"y" * 100, Content_Length=10),
     "/garbage": _garbage,

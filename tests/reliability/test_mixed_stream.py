@@ -15,7 +15,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-from hostile_server import HostileServer, fixed, gzip_bomb, head, nested_gzip
+from hostile_server import HostileServer, drip, endless, fixed, gzip_bomb, head, nested_gzip
 
 from aiomm.config import EngineConfig, FetchConfig
 from aiomm.engine import Engine
@@ -36,27 +36,14 @@ def png(mode: str, size: tuple[int, int]) -> bytes:
     return buf.getvalue()
 
 
-def _drip(conn, release) -> None:  # type: ignore[no-untyped-def]
-    for byte in head(200, Content_Length=10):
-        if release.wait(0.2):
-            return
-        conn.sendall(bytes([byte]))
-
-
-def _endless(conn, release) -> None:  # type: ignore[no-untyped-def]
-    conn.sendall(head(200, Transfer_Encoding="chunked"))
-    while not release.is_set():
-        conn.sendall(b"%x\r\n%s\r\n" % (1 << 16, b"e" * (1 << 16)))
-
-
 GOOD_PNG = encode(photo_like(np.random.default_rng(7), 80, 112), "PNG")
 ROUTES = {
     "/good.png": fixed(200, GOOD_PNG),
     "/good-gzip.png": fixed(200, __import__("gzip").compress(jpeg(8)), Content_Encoding="gzip"),
     "/bomb": fixed(200, gzip_bomb(64 << 20), Content_Encoding="gzip"),
     "/gzip-gzip": fixed(200, nested_gzip(64 << 20, 2), Content_Encoding="gzip, gzip"),
-    "/drip": _drip,
-    "/endless": _endless,
+    "/drip": drip,
+    "/endless": endless,
     "/to-metadata": fixed(302, b"", Location="http://169.254.169.254/latest/"),
     "/short": lambda c, r: c.sendall(head(200, Content_Length=1000) + b"x" * 10),
 }

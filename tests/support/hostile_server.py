@@ -50,6 +50,22 @@ def fixed(status: int, body: bytes, **headers: str | int) -> Route:
     return route
 
 
+def drip(conn: socket.socket, release: threading.Event) -> None:
+    """Slow loris: a header byte at a time, each within the read timeout."""
+    for byte in head(200, Content_Length=10):
+        if release.wait(0.2):
+            return
+        conn.sendall(bytes([byte]))
+
+
+def endless(conn: socket.socket, release: threading.Event) -> None:
+    """A chunked body that never ends (until the server is closed)."""
+    conn.sendall(head(200, Transfer_Encoding="chunked"))
+    chunk = b"%x\r\n%s\r\n" % (1 << 16, b"e" * (1 << 16))
+    while not release.is_set():
+        conn.sendall(chunk)
+
+
 class HostileServer:
     """Serves ``routes`` (path -> Route) on 127.0.0.1, one thread per connection."""
 
