@@ -32,6 +32,7 @@ from aiomm.logging import get_logger
 from .content import parse_anthropic, parse_chat, parse_responses
 from .errors import ApiError
 from .gateway import Upstream
+from .json_chunks import ChunkedJSONResponse, dumps_chunks
 from .media import VllmDecoder
 from .metrics import ServerMetrics
 from .render import RenderLimits, RenderService
@@ -63,6 +64,11 @@ class ServerConfig:
 
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _render_json(obj: Any) -> Response:
+    # a render response holds megabytes of base64 per image: sent in its pieces, never joined
+    return ChunkedJSONResponse(dumps_chunks(obj))
 
 
 class _State:
@@ -211,7 +217,9 @@ def create_app(config: ServerConfig) -> Starlette:
             if metrics is not None:
                 metrics.requests.labels(name, str(status)).inc()
                 metrics.latency.labels(name).observe(seconds)
-                if not isinstance(response, StreamingResponse):
+                if isinstance(response, ChunkedJSONResponse):
+                    metrics.bytes_out.inc(response.body_length)
+                elif not isinstance(response, StreamingResponse):
                     metrics.bytes_out.inc(len(response.body))
             log.info("request", endpoint=name, status=status, ms=round(seconds * 1000, 2))
             return response
@@ -230,12 +238,12 @@ def create_app(config: ServerConfig) -> Starlette:
         return rendered.response
 
     async def chat_render(request: Request, body: dict[str, Any]) -> Response:
-        return _json(
+        return _render_json(
             await _render(body, parse_chat, id_prefix="chatcmpl-", with_parse_context="none")
         )
 
     async def responses_render(request: Request, body: dict[str, Any]) -> Response:
-        return _json(
+        return _render_json(
             await _render(
                 body,
                 parse_responses,
@@ -247,7 +255,7 @@ def create_app(config: ServerConfig) -> Starlette:
         )
 
     async def messages_render(request: Request, body: dict[str, Any]) -> Response:
-        return _json(
+        return _render_json(
             await _render(body, parse_anthropic, id_prefix="chatcmpl-", with_parse_context="null")
         )
 

@@ -16,6 +16,7 @@ import httpx
 import orjson
 
 from .errors import ApiError
+from .json_chunks import dumps as dumps_json
 
 __all__ = ("Upstream",)
 
@@ -53,7 +54,7 @@ class Upstream:
         try:
             resp = await self.client.post(
                 "/inference/v1/generate",
-                content=orjson.dumps(gen),
+                content=dumps_json(gen),
                 headers={"content-type": "application/json"},
             )
         except httpx.HTTPError as exc:
@@ -143,7 +144,7 @@ class Upstream:
             async with self.client.stream(
                 "POST",
                 "/inference/v1/generate",
-                content=orjson.dumps(gen),
+                content=dumps_json(gen),
                 headers={"content-type": "application/json"},
             ) as resp:
                 if resp.status_code != 200:

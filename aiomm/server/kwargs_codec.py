@@ -10,6 +10,7 @@ msgpack forms, as vLLM's encoder (also msgspec) does, so the bytes are identical
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,17 +24,29 @@ import torch
 __all__ = (
     "Field",
     "TensorValue",
+    "WireRows",
     "decode_item",
     "encode_item",
     "encode_item_b64",
+    "encode_item_pieces",
     "tensor_wire",
 )
 
 _EXT_TENSOR = 3
-#: largest msgpack buffer a thread keeps for the next item
+#: largest row buffer a thread keeps for the next item
 _KEEP_BYTES = 64 << 20
+#: tensors from this size on are base64-encoded in place, never copied into the msgpack buffer
+_SPLICE_BYTES = 1 << 12
+#: rows of a strided tensor are gathered into a buffer of about this size, then encoded
+_BLOCK_BYTES = 1 << 20
 _LOCAL = threading.local()
 _ENCODER = msgspec.msgpack.Encoder()
+#: a random fixext16 payload standing for a spliced tensor's bytes in the small document
+_MARK = os.urandom(16)
+_MARK_ENCODED = b"\xd8\x03" + _MARK
+_MARK_EXT = msgspec.msgpack.Ext(_EXT_TENSOR, _MARK)
+#: msgpack's fixext codes by payload size
+_FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
 _DTYPES = {
     "uint8": np.uint8,
     "int8": np.int8,
@@ -96,22 +109,121 @@ def _doc(entries: Mapping[str, tuple[Any, Field]]) -> dict[str, Any]:
     }
 
 
-def encode_item_b64(entries: Mapping[str, tuple[Any, Field]]) -> bytes:
-    """Base64 (ASCII bytes) of one item: ``entries`` maps each key (in wire order) to
-    ``(value, field)``; a value is a CPU tensor, an already built wire tensor, None or a number.
+@dataclass(frozen=True)
+class WireRows:
+    """A tensor given as a numpy view (any strides): on the wire it is
+    ``[dtype, [n, prod(rest)], bytes]`` of ``array``'s C-order values, written without first
+    materialising it (Qwen-VL's repeated frames are a broadcast view of compact rows)."""
 
-    The msgpack document is written into a per-thread buffer that is reused, so a multi-megabyte
-    item costs no fresh (page-faulting) memory before it is base64-encoded.
+    array: np.ndarray
+    dtype: str
+
+    @property
+    def shape(self) -> list[int]:
+        n = int(self.array.shape[0]) if self.array.ndim else 1
+        return [n, int(self.array.size // n) if n else 0]
+
+
+class _B64Writer:
+    """Base64 of a byte stream written in pieces; small writes are gathered, large ones are
+    encoded from their own memory (cut at multiples of 3 bytes, so the pieces concatenate to
+    the base64 of the whole stream)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self._pending = bytearray()
+
+    def write(self, data: bytes | memoryview) -> None:
+        if len(self._pending) + len(data) < _SPLICE_BYTES:
+            self._pending += data
+            return
+        view = memoryview(data).cast("B")
+        need = (-len(self._pending)) % 3
+        self._pending += view[:need]
+        view = view[need:]
+        if self._pending:
+            self.pieces.append(pybase64.b64encode(self._pending))
+            self._pending = bytearray()
+        cut = len(view) - len(view) % 3
+        if cut:
+            self.pieces.append(pybase64.b64encode(view[:cut]))
+        self._pending += view[cut:]
+
+    def close(self) -> list[bytes]:
+        if self._pending:
+            self.pieces.append(pybase64.b64encode(self._pending))
+            self._pending = bytearray()
+        return self.pieces
+
+
+def _ext_header(size: int) -> bytes:
+    # the smallest form, as msgspec writes it
+    if size in _FIXEXT:
+        return bytes((_FIXEXT[size], _EXT_TENSOR))
+    if size < 1 << 8:
+        return bytes((0xC7, size, _EXT_TENSOR))
+    if size < 1 << 16:
+        return b"\xc8" + size.to_bytes(2, "big") + bytes((_EXT_TENSOR,))
+    return b"\xc9" + size.to_bytes(4, "big") + bytes((_EXT_TENSOR,))
+
+
+def _write_rows(out: _B64Writer, rows: np.ndarray) -> None:
+    if rows.flags.c_contiguous:
+        out.write(memoryview(rows.reshape(-1).view(np.uint8)))
+        return
+    row_bytes = max(1, rows.itemsize * (rows.size // max(1, rows.shape[0])))
+    step = max(1, _BLOCK_BYTES // row_bytes)
+    buf = getattr(_LOCAL, "rows", None)
+    need = min(rows.shape[0], step) * row_bytes
+    if buf is None or buf.size < need:
+        buf = _LOCAL.rows = np.empty(max(need, 1), np.uint8)
+    for start in range(0, rows.shape[0], step):
+        block = rows[start : start + step]
+        dst = buf[: block.size * block.itemsize].view(block.dtype).reshape(block.shape)
+        np.copyto(dst, block)
+        out.write(memoryview(dst.reshape(-1).view(np.uint8)))
+    if buf.size > _KEEP_BYTES:
+        _LOCAL.rows = None
+
+
+def encode_item_pieces(entries: Mapping[str, tuple[Any, Field]]) -> list[bytes]:
+    """Base64 (ASCII) of one item, as pieces whose concatenation is the item's string.
+
+    ``entries`` maps each key (in wire order) to ``(value, field)``; a value is a CPU tensor,
+    a :class:`WireRows`, an already built wire tensor, None or a number. Large tensors are
+    encoded straight from their memory: the item is never one contiguous msgpack buffer, and the
+    pieces can be sent as they are.
     """
-    buf = getattr(_LOCAL, "buf", None)
-    if buf is None:
-        buf = _LOCAL.buf = bytearray()
-    _ENCODER.encode_into(_doc(entries), buf)
-    try:
-        return pybase64.b64encode(buf)
-    finally:
-        if len(buf) > _KEEP_BYTES:
-            _LOCAL.buf = bytearray()
+    spliced: list[np.ndarray] = []
+
+    def wire(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.numel() * value.element_size() < _SPLICE_BYTES:
+                return tensor_wire(value)
+            t = value.detach().contiguous()
+            spliced.append(t.reshape(-1).view(torch.uint8).numpy())
+            return [str(t.dtype).removeprefix("torch."), list(t.shape), _MARK_EXT]
+        if isinstance(value, WireRows):
+            spliced.append(value.array)
+            return [value.dtype, value.shape, _MARK_EXT]
+        return value
+
+    doc = {key: {"data": wire(v), "field": fld.wire()} for key, (v, fld) in entries.items()}
+    parts = _ENCODER.encode(doc).split(_MARK_ENCODED)
+    if len(parts) != len(spliced) + 1:  # the random mark cannot occur in a small document
+        raise RuntimeError("the tensor mark occurs in the item's own bytes")
+    out = _B64Writer()
+    for head, rows in zip(parts, spliced, strict=False):
+        out.write(head)
+        out.write(_ext_header(rows.size * rows.itemsize))
+        _write_rows(out, rows)
+    out.write(parts[-1])
+    return out.close()
+
+
+def encode_item_b64(entries: Mapping[str, tuple[Any, Field]]) -> bytes:
+    """Base64 (ASCII bytes) of one item (:func:`encode_item_pieces` joined)."""
+    return b"".join(encode_item_pieces(entries))
 
 
 def encode_item(entries: Mapping[str, tuple[Any, Field]]) -> str:

@@ -11,14 +11,11 @@ from __future__ import annotations
 import binascii
 import io
 import secrets
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import numpy as np
-import orjson
 import PIL.Image
 import pybase64
 import torch
@@ -30,14 +27,14 @@ from aiomm.processing.fields import (
     FieldKind,
     MultiModalFieldConfig,
     MultiModalKwargsItem,
-    Repeat,
 )
 from aiomm.types import Request, Result
 
 from .chat_template import ChatRenderer
 from .content import ImagePart, Parsed
 from .errors import ApiError, from_aiomm_error
-from .kwargs_codec import Field, encode_item_b64
+from .json_chunks import PiecesString
+from .kwargs_codec import Field, WireRows, encode_item_pieces
 from .media import converts_mode
 from .mm_hash import image_mm_hash
 from .sampling import SamplingDefaults, derive
@@ -56,6 +53,20 @@ _KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw"})
 #: wire order of an item's keys (vLLM's with PYTHONHASHSEED=0); other keys follow
 _KEY_ORDER = ("pixel_values", "image_grid_thw")
 _HASH_ON_LOOP_BYTES = 1 << 20
+#: dtypes numpy can view (bfloat16 cannot: its rows are copied by torch instead)
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.bool,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -320,8 +331,8 @@ class RenderService:
         hits = sum(1 for c in result.cache if c.value == "hit")
         feats = generate_request_features(result, hashes, tensors=False)
         if tensors:
-            # orjson fragments: the response encoder copies them without scanning
-            kwargs_data, metadata = encode_items(result.items)
+            # megabytes of copying and base64 per image: off the event loop
+            kwargs_data, metadata = await anyio.to_thread.run_sync(encode_items, result.items)
             feats["kwargs_data"] = {"image": kwargs_data}
             feats["mm_metadata"] = {"image": metadata}
         return feats, result.prompt_token_ids, hits, result.timings
@@ -360,9 +371,8 @@ def generate_request_features(
     }
     if tensors:
         kwargs_data, metadata = encode_items(result.items)
-        # fragments are JSON strings already; one dumps + loads turns them into plain strings
-        features["kwargs_data"] = {"image": orjson.loads(orjson.dumps(kwargs_data))}
-        features["mm_metadata"] = {"image": orjson.loads(orjson.dumps(metadata))}
+        features["kwargs_data"] = {"image": [str(v) for v in kwargs_data]}
+        features["mm_metadata"] = {"image": [str(v) for v in metadata]}
     return features
 
 
@@ -402,30 +412,16 @@ def generate_request(
     }
 
 
-_LOCAL = threading.local()
-
-
-def _expanded(value: torch.Tensor, repeat: Repeat) -> torch.Tensor:
-    """The model's rows of compact ``value``, written into a per-thread buffer that the next call
-    reuses (numpy's broadcast copy is about 10x torch's strided expand copy here)."""
-    # the layout is the field's (Repeat.expand); only the copy is numpy's
-    view = repeat.expand(value).numpy()
-    buf = getattr(_LOCAL, "buf", None)
-    if buf is None or buf.size < view.size:
-        buf = _LOCAL.buf = np.empty(view.size, view.dtype)
-    out = buf[: view.size].reshape(view.shape)
-    np.copyto(out, view)
-    return torch.from_numpy(out.reshape(view.shape[0], -1))
-
-
 def _wire_value(key: str, item: MultiModalKwargsItem) -> Any:
-    """``item[key]`` as vLLM's item holds it; valid until the next call in this thread."""
+    """``item[key]`` as vLLM's item holds it (repeated rows as a view the codec expands)."""
     value = item.data[key]
     config = item.fields[key]
     if isinstance(value, torch.Tensor) and config.repeat is not None:
-        if value.dtype == torch.uint8 and value.dim() == 2 and not value.is_cuda:
-            return _expanded(value, config.repeat)
-        return config.repeat.expand(value).reshape(value.shape[0], -1)
+        view = config.repeat.expand(value)
+        if view.dtype in _NUMPY_DTYPES and not view.is_cuda:
+            # the layout is the field's (Repeat.expand); the codec writes it blockwise
+            return WireRows(view.numpy(), str(view.dtype).removeprefix("torch."))
+        return view.reshape(value.shape[0], -1)
     return value
 
 
@@ -441,9 +437,10 @@ def _field(key: str, config: Any, slices: list[Any]) -> Field:
 
 def encode_items(
     items: Sequence[MultiModalKwargsItem],
-) -> tuple[list[orjson.Fragment], list[orjson.Fragment]]:
-    """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, as orjson
-    fragments (already JSON strings: the response encoder copies them without scanning).
+) -> tuple[list[PiecesString], list[PiecesString]]:
+    """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, each as the
+    base64 pieces the response writer sends without joining them (CPU work: call it in a
+    worker thread).
 
     A flat field's slices describe the whole request's batch (every item carries all of them,
     as vLLM's do).
@@ -459,19 +456,14 @@ def encode_items(
         slices[key] = runs
     kwargs_data, metadata = [], []
     for item in items:
-        # each item is expanded and encoded before the next reuses the expansion buffer
         entries = {
             k: (_wire_value(k, item), _field(k, item.fields[k], slices.get(k, [])))
             for k in _ordered(item.data)
         }
-        kwargs_data.append(_fragment(encode_item_b64(entries)))
+        kwargs_data.append(PiecesString(encode_item_pieces(entries)))
         meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
-        metadata.append(_fragment(encode_item_b64(meta)))
+        metadata.append(PiecesString(encode_item_pieces(meta)))
     return kwargs_data, metadata
-
-
-def _fragment(b64: bytes) -> orjson.Fragment:
-    return orjson.Fragment(b'"' + b64 + b'"')  # base64 needs no JSON escaping
 
 
 def _ordered(keys: Any) -> list[str]:

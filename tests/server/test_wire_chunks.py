@@ -1,0 +1,92 @@
+"""The render response's zero-join writers equal the plain encoders byte for byte."""
+
+from __future__ import annotations
+
+import itertools
+
+import msgspec
+import numpy as np
+import orjson
+import pybase64
+import pytest
+import torch
+
+from aiomm.server.json_chunks import PiecesString, dumps, dumps_chunks, plain
+from aiomm.server.kwargs_codec import (
+    Field,
+    WireRows,
+    decode_item,
+    encode_item_b64,
+    encode_item_pieces,
+    tensor_wire,
+)
+
+FLAT = Field("flat", {"keep_on_cpu": False, "slices": [[[0, 5, None]]], "dim": 0})
+BATCHED = Field("batched", {"keep_on_cpu": True})
+
+
+def _reference(entries: dict) -> bytes:
+    """One msgspec document with every tensor copied in, then base64: the plain encoder."""
+    doc = {}
+    for key, (value, fld) in entries.items():
+        if isinstance(value, WireRows):
+            raw = np.ascontiguousarray(value.array).tobytes()
+            value = [value.dtype, value.shape, msgspec.msgpack.Ext(3, raw)]
+        elif isinstance(value, torch.Tensor):
+            value = tensor_wire(value)
+        doc[key] = {"data": value, "field": fld.wire()}
+    return pybase64.b64encode(msgspec.msgpack.encode(doc))
+
+
+@pytest.mark.parametrize(
+    ("rows", "width"), list(itertools.product([0, 1, 2, 7, 1500], [1, 2, 4, 16, 17, 588]))
+)
+def test_item_pieces_equal_the_plain_encoding(rows: int, width: int) -> None:
+    rng = np.random.default_rng(rows * 1000 + width)
+    compact = torch.from_numpy(rng.integers(0, 256, (rows, width), dtype=np.uint8))
+    grid = torch.tensor([[1, 2, 3]])
+    cases = [
+        {"pixel_values": (compact, FLAT), "image_grid_thw": (grid, BATCHED)},
+        {"pixel_values": (compact.float(), FLAT)},
+        {"pixel_values": (compact.to(torch.bfloat16), FLAT), "n": (3, BATCHED)},
+    ]
+    if width % 2 == 0:  # a repeated-frame view (Qwen-VL's layout), written blockwise
+        view = np.broadcast_to(
+            compact.numpy().reshape(rows, 2, 1, width // 2), (rows, 2, 2, width // 2)
+        )
+        cases.append({"pixel_values": (WireRows(view, "uint8"), FLAT), "g": (grid, BATCHED)})
+    for entries in cases:
+        pieces = encode_item_pieces(entries)
+        assert b"".join(pieces) == encode_item_b64(entries) == _reference(entries)
+        # every piece but the last is whole base64 quanta, so pieces can be sent as they are
+        assert all(len(p) % 4 == 0 for p in pieces)
+
+
+def test_a_large_repeated_item_decodes_to_the_expanded_rows() -> None:
+    compact = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (5000, 588), np.uint8))
+    view = np.broadcast_to(compact.numpy().reshape(5000, 3, 1, 196), (5000, 3, 2, 196))
+    pieces = encode_item_pieces({"pixel_values": (WireRows(view, "uint8"), FLAT)})
+    assert len(pieces) > 2  # written in blocks, not one copy of the whole tensor
+    value, _ = decode_item(b"".join(pieces).decode())["pixel_values"]
+    assert value.shape == (5000, 1176)
+    np.testing.assert_array_equal(value.array(), np.ascontiguousarray(view).reshape(5000, -1))
+
+
+def test_dumps_chunks_splices_pieces_into_orjson_output() -> None:
+    big = [pybase64.b64encode(bytes([i]) * 300_000) for i in range(3)]
+    doc = {
+        "token_ids": [1, 2, 3],
+        "features": {
+            "kwargs_data": {"image": [PiecesString(big), PiecesString([b"QUJD"])]},
+            "mm_metadata": {"image": [PiecesString([b"eHl6"])]},
+        },
+        "echo": 'a client string with "quotes" and \u00e9',
+    }
+    chunks = dumps_chunks(doc)
+    expected = orjson.dumps(plain(doc))
+    assert b"".join(chunks) == dumps(doc) == expected
+    # the big pieces are sent as they are (the same objects), small ones merged around them
+    assert any(c is big[0] for c in chunks) and len(chunks) < 8
+    assert dumps_chunks({"a": 1}) == [b'{"a":1}']
+    with pytest.raises(TypeError):
+        dumps_chunks({"a": object()})
