@@ -1,0 +1,218 @@
+"""Every registered architecture through ``aiomm serve``: its offline model folder
+(:mod:`aiomm.adapters.folders`) served by the app, a chat render request with one and with two
+images (PNG data URLs), checked against the reference HF processor (``build_hf_processor``) on
+the same rendered prompt text and the same decoded images:
+
+- ``token_ids`` equal the processor's ``input_ids``;
+- each ``mm_placeholders`` range covers one image's tokens: every image token lies in a range,
+  and a range holds only special tokens;
+- every tensor of every ``kwargs_data`` item (decoded with the project's codec) equals the
+  processor's output for that item bit for bit (a ``flat`` item is the run its slice names, a
+  ``batched`` one the item's row, a padded image its unpadded corner);
+- ``mm_hashes`` are deterministic (the same image, the same hash in another request) and differ
+  per image.
+
+A new architecture is covered by registering it (and its family's chat template).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient
+
+from aiomm.adapters import get_adapter_info, supported_adapters
+from aiomm.adapters.folders import write_model_folder
+from aiomm.samples import encode, photo_like
+from aiomm.server import ServerConfig, create_app
+from aiomm.server.kwargs_codec import Field, TensorValue, decode_item
+
+ADAPTERS = [info.short_name for info in supported_adapters()]
+#: (height, width) of the three test images: small, odd, one wider than tall
+SIZES = ((37, 52), (64, 41), (50, 50))
+#: the processors' per-token text outputs (not items)
+_TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
+
+
+def _png(seed: int, size: tuple[int, int]) -> bytes:
+    return encode(photo_like(np.random.default_rng(seed), *size), "PNG")
+
+
+IMAGES = [_png(i, s) for i, s in enumerate(SIZES)]
+
+
+def _data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def _body(images: list[bytes]) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "describe"}]
+    for i, data in enumerate(images):
+        parts.append({"type": "text", "text": "the first image" if i == 0 else "and the second"})
+        parts.append({"type": "image_url", "image_url": {"url": _data_url(data)}})
+    parts.append({"type": "text", "text": "please"})
+    return {"messages": [{"role": "system", "content": "look"}, {"role": "user", "content": parts}]}
+
+
+def _conversation(images: list[bytes]) -> list[dict[str, Any]]:
+    """The conversation the template sees (OpenAI parts; an image part is ``{"type": "image"}``)."""
+    out = []
+    for message in _body(images)["messages"]:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [p if p["type"] == "text" else {"type": "image"} for p in content]
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+class Reference:
+    """The architecture's reference processor on the folder's rendered prompt text."""
+
+    def __init__(self, name: str, folder: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.info = get_adapter_info(name)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        self.processor = self.info.build_hf_processor(backend="torchvision")
+
+    def image_token_id(self) -> int:
+        if getattr(self.info.processor_cls, "has_hf_transform", True):
+            return int(self.processor.image_token_id)
+        return int(self.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"))
+
+    def __call__(
+        self, images: list[bytes], *, normalized: bool = True
+    ) -> tuple[list[int], dict[str, torch.Tensor]]:
+        """Token ids and item outputs; ``normalized=False``: the pixels before rescaling and
+        normalisation (what a server with ``mm_device_do_normalize`` sends, as uint8)."""
+        text = self.tokenizer.apply_chat_template(
+            _conversation(images), tokenize=False, add_generation_prompt=True
+        )
+        # decoded as vLLM's loader does for RGB PNGs: plain RGB
+        pil = [PIL.Image.open(io.BytesIO(d)).convert("RGB") for d in images]
+        if not getattr(self.info.processor_cls, "has_hf_transform", True):
+            # Llama Nemotron VL: no transformers processor; the independent re-statement
+            from nemotron_vl_reference import reference_outputs, reference_prompt
+
+            ref = reference_outputs(pil)
+            ids = self.tokenizer.encode(
+                reference_prompt(text, ref["num_patches"]), add_special_tokens=False
+            )
+            return ids, {
+                "pixel_values": ref["float"] if normalized else ref["uint8"],
+                "image_num_patches": torch.tensor(ref["num_patches"]),
+            }
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kwargs = {} if normalized else {"do_rescale": False, "do_normalize": False}
+            out = self.processor(text=[text], images=pil, return_tensors="pt", **kwargs)
+        images_out = {k: v for k, v in out.items() if k not in _TEXT_KEYS}
+        return out["input_ids"][0].tolist(), images_out
+
+
+def _tensor(value: TensorValue) -> torch.Tensor:
+    array = value.array()
+    if value.dtype == "bfloat16":
+        return torch.from_numpy(array.copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
+
+
+def _reference_item(
+    key: str, i: int, field: Field, got: torch.Tensor, ref: torch.Tensor
+) -> torch.Tensor:
+    """Item ``i``'s part of the reference batch ``ref`` as the wire ``field`` describes it."""
+    if field.kind == "flat":
+        (start, stop, step), *rest = field.kwargs["slices"][i]
+        assert not rest and step is None, (key, field)
+        return ref[start:stop]
+    assert field.kind == "batched", (key, field)
+    row = ref[i]
+    if row.dim() >= 2 and tuple(row.shape) != tuple(got.shape):
+        # a padded image batch: the item is the unpadded top-left corner, zeros around it
+        h, w = got.shape[-2:]
+        assert torch.count_nonzero(row[..., h:, :]) == 0, key
+        assert torch.count_nonzero(row[..., :h, w:]) == 0, key
+        row = row[..., :h, :w]
+    return row
+
+
+def _check_render(
+    response: dict[str, Any], images: list[bytes], reference: Reference, name: str
+) -> list[str]:
+    items = response["features"]["kwargs_data"]["image"]
+    # uint8 pixels: the server defers rescaling and normalisation to the model's device
+    deferred = any(
+        isinstance(v, TensorValue) and v.dtype == "uint8"
+        for item in items
+        for v, _ in decode_item(item).values()
+    )
+    ids, outputs = reference(images, normalized=not deferred)
+    assert response["token_ids"] == ids, name
+    features = response["features"]
+    ranges = features["mm_placeholders"]["image"]
+    assert len(ranges) == len(images), name
+    image_token = reference.image_token_id()
+    covered = set()
+    specials = {int(t) for t in reference.tokenizer.added_tokens_decoder}
+    previous_end = 0
+    for r in ranges:
+        start, stop = r["offset"], r["offset"] + r["length"]
+        assert previous_end <= start < stop <= len(ids), (name, ranges)
+        previous_end = stop
+        inside = ids[start:stop]
+        assert image_token in inside, (name, r)
+        assert set(inside) <= specials, f"{name}: a text token inside placeholder {r}"
+        covered.update(range(start, stop))
+    assert {i for i, t in enumerate(ids) if t == image_token} <= covered, name
+
+    assert len(items) == len(images), name
+    for i, b64 in enumerate(items):
+        decoded = decode_item(b64)
+        assert set(decoded) == set(outputs), (name, sorted(decoded), sorted(outputs))
+        for key, (value, field) in decoded.items():
+            got = _tensor(value)
+            want = _reference_item(key, i, field, got, outputs[key])
+            if got.dtype == torch.uint8 and want.is_floating_point():
+                # the HF processor's unnormalised pixels are whole numbers in a float tensor
+                assert torch.equal(want, want.round().clamp(0, 255)), f"{name}: {key}"
+                want = want.to(torch.uint8)
+            assert got.dtype == want.dtype, f"{name}: {key} dtype {got.dtype} != {want.dtype}"
+            assert got.shape == want.shape, f"{name}: {key} shape {got.shape} != {want.shape}"
+            assert torch.equal(got, want), f"{name}: item {i} {key} differs"
+    hashes = features["mm_hashes"]["image"]
+    assert len(set(hashes)) == len(images), name
+    return list(hashes)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    root = tmp_path_factory.mktemp("model-folders")
+    yield {name: root / name for name in ADAPTERS}
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_chat_render_equals_the_reference_processor(name: str, folders: dict[str, Path]) -> None:
+    folder = write_model_folder(name, folders[name])
+    reference = Reference(name, folder)
+    with TestClient(create_app(ServerConfig(model=str(folder)))) as client:
+        one = client.post("/v1/chat/completions/render", json=_body(IMAGES[:1]))
+        assert one.status_code == 200, one.text
+        (hash_a,) = _check_render(one.json(), IMAGES[:1], reference, name)
+        two = client.post("/v1/chat/completions/render", json=_body(IMAGES[1:3]))
+        assert two.status_code == 200, two.text
+        hashes = _check_render(two.json(), IMAGES[1:3], reference, name)
+        assert hash_a not in hashes
+        again = client.post("/v1/chat/completions/render", json=_body([IMAGES[2], IMAGES[0]]))
+        assert again.status_code == 200, again.text
+        assert again.json()["features"]["mm_hashes"]["image"] == [hashes[1], hash_a], name
