@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import base64
 import io
+import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ from aiomm.adapters.folders import write_model_folder
 from aiomm.samples import encode, photo_like
 from aiomm.server import ServerConfig, create_app
 from aiomm.server.kwargs_codec import Field, TensorValue, decode_item
+
+sys.path.insert(0, str(Path(__file__).parent))  # the upstream stand-in, as test_gateway does
 
 ADAPTERS = [info.short_name for info in supported_adapters()]
 #: (height, width) of the three test images: small, odd, one wider than tall
@@ -195,15 +197,27 @@ def _check_render(
     return list(hashes)
 
 
+class Folders:
+    """Each architecture's offline folder, written once per module."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.built: dict[str, Path] = {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self.built:
+            self.built[name] = write_model_folder(name, self.root / name)
+        return self.built[name]
+
+
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    root = tmp_path_factory.mktemp("model-folders")
-    yield {name: root / name for name in ADAPTERS}
+def folders(tmp_path_factory: pytest.TempPathFactory) -> Folders:
+    return Folders(tmp_path_factory.mktemp("model-folders"))
 
 
 @pytest.mark.parametrize("name", ADAPTERS)
-def test_chat_render_equals_the_reference_processor(name: str, folders: dict[str, Path]) -> None:
-    folder = write_model_folder(name, folders[name])
+def test_chat_render_equals_the_reference_processor(name: str, folders: Folders) -> None:
+    folder = folders[name]
     reference = Reference(name, folder)
     with TestClient(create_app(ServerConfig(model=str(folder)))) as client:
         one = client.post("/v1/chat/completions/render", json=_body(IMAGES[:1]))
@@ -216,3 +230,52 @@ def test_chat_render_equals_the_reference_processor(name: str, folders: dict[str
         again = client.post("/v1/chat/completions/render", json=_body([IMAGES[2], IMAGES[0]]))
         assert again.status_code == 200, again.text
         assert again.json()["features"]["mm_hashes"]["image"] == [hashes[1], hash_a], name
+        # the same ids and placeholders without tensors
+        bare = client.post(
+            "/v1/chat/completions/render", json={**_body(IMAGES[1:3]), "mm_payload": "none"}
+        )
+        assert bare.status_code == 200, bare.text
+        features = bare.json()["features"]
+        assert bare.json()["token_ids"] == two.json()["token_ids"], name
+        assert features["mm_placeholders"] == two.json()["features"]["mm_placeholders"], name
+        assert features["mm_hashes"]["image"] == hashes, name
+        assert features["kwargs_data"] is None, name
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_gateway_with_the_official_client(name: str, folders: Folders) -> None:
+    """``/v1/chat/completions`` through a loopback stand-in of ``vllm serve --tokens-only`` that
+    validates the ``GenerateRequest`` (the official openai client, plain and streamed)."""
+    openai = pytest.importorskip("openai")
+    from upstream_standin import StandIn, UpstreamServer, validate
+
+    folder = folders[name]
+    reference = Reference(name, folder)
+    tokenizer = reference.tokenizer
+    script = [*tokenizer.encode("a photo of the picture", add_special_tokens=False)]
+    script.append(int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token)))
+    reply = tokenizer.decode(script, skip_special_tokens=True)
+    image_token = reference.image_token_id()
+    standin = StandIn(script, image_token_id=image_token, runs=False)
+    with (
+        UpstreamServer(standin) as upstream,
+        TestClient(create_app(ServerConfig(model=str(folder), upstream=upstream.url))) as http,
+    ):
+        client = openai.OpenAI(
+            base_url=str(http.base_url) + "/v1", api_key="none", http_client=http, max_retries=0
+        )
+        messages = _body(IMAGES[:2])["messages"]
+        out = client.chat.completions.create(model=str(folder), messages=messages)
+        assert out.choices[0].message.content == reply, name
+        assert out.choices[0].finish_reason == "stop"
+        body = standin.seen[-1]
+        assert validate(body, image_token_id=image_token, runs=False) == [], name
+        assert len(body["features"]["mm_placeholders"]["image"]) == 2
+        assert out.usage.prompt_tokens == len(body["token_ids"])
+        assert out.usage.completion_tokens == len(script)
+        stream = client.chat.completions.create(
+            model=str(folder), messages=_body(IMAGES[2:])["messages"], stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in stream)
+        assert text == reply, name
+        assert standin.seen[-1]["stream"] is True
