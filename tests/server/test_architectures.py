@@ -279,3 +279,30 @@ def test_gateway_with_the_official_client(name: str, folders: Folders) -> None:
         text = "".join(c.choices[0].delta.content or "" for c in stream)
         assert text == reply, name
         assert standin.seen[-1]["stream"] is True
+
+
+def test_a_short_name_serves_its_offline_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``aiomm serve glm-4v``: the registered name is built into the cache and served; its
+    items are hashed with the name as the model id."""
+    monkeypatch.setenv("AIOMM_CACHE_DIR", str(tmp_path))
+    with TestClient(create_app(ServerConfig(model="glm-4v"))) as client:
+        out = client.post("/v1/chat/completions/render", json=_body(IMAGES[:1]))
+        assert out.status_code == 200, out.text
+        models = client.get("/v1/models").json()["data"]
+    folder = next((tmp_path / "models").iterdir())
+    assert folder.name.startswith("glm-4v-")
+    _check_render(out.json(), IMAGES[:1], Reference("glm-4v", folder), "glm-4v")
+    assert [m["id"] for m in models] == ["glm-4v"]
+    from aiomm.server.render import vllm_mm_hash
+
+    assert out.json()["features"]["mm_hashes"]["image"] == [vllm_mm_hash(IMAGES[0], "glm-4v")]
+
+
+def test_serve_refuses_an_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from aiomm.cli import main
+
+    assert main(["serve", "no-such-model"]) == 2
+    out = capsys.readouterr().out
+    assert "not a model folder nor a registered name" in out and "Qwen2VL" in out
