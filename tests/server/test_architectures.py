@@ -1,7 +1,8 @@
 """Every registered architecture through ``aiomm serve``: its offline model folder
 (:mod:`aiomm.adapters.folders`) served by the app, a chat render request with one and with two
-images (PNG data URLs), checked against the reference HF processor (``build_hf_processor``) on
-the same rendered prompt text and the same decoded images:
+images (PNG data URLs; the Responses and Anthropic endpoints must render the same features, and
+``mm_payload: "none"`` the same ids without tensors), checked against the reference HF
+processor (``build_hf_processor``) on the same rendered prompt text and the same decoded images:
 
 - ``token_ids`` equal the processor's ``input_ids``;
 - each ``mm_placeholders`` range covers one image's tokens: every image token lies in a range,
@@ -65,6 +66,37 @@ def _body(images: list[bytes]) -> dict[str, Any]:
         parts.append({"type": "image_url", "image_url": {"url": _data_url(data)}})
     parts.append({"type": "text", "text": "please"})
     return {"messages": [{"role": "system", "content": "look"}, {"role": "user", "content": parts}]}
+
+
+def _responses_body(images: list[bytes]) -> dict[str, Any]:
+    """:func:`_body` as an OpenAI Responses request."""
+    system, user = _body(images)["messages"]
+    parts = [
+        {"type": "input_text", "text": p["text"]}
+        if p["type"] == "text"
+        else {"type": "input_image", "image_url": p["image_url"]["url"]}
+        for p in user["content"]
+    ]
+    return {"instructions": system["content"], "input": [{"role": "user", "content": parts}]}
+
+
+def _anthropic_body(images: list[bytes]) -> dict[str, Any]:
+    """:func:`_body` as an Anthropic messages request (base64 image sources)."""
+    system, user = _body(images)["messages"]
+    blocks = [
+        p
+        if p["type"] == "text"
+        else {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": "image/png",
+                "data": p["image_url"]["url"].partition(",")[2],
+            },
+        }
+        for p in user["content"]
+    ]
+    return {"system": system["content"], "messages": [{"role": "user", "content": blocks}]}
 
 
 def _conversation(images: list[bytes]) -> list[dict[str, Any]]:
@@ -230,6 +262,15 @@ def test_chat_render_equals_the_reference_processor(name: str, folders: Folders)
         again = client.post("/v1/chat/completions/render", json=_body([IMAGES[2], IMAGES[0]]))
         assert again.status_code == 200, again.text
         assert again.json()["features"]["mm_hashes"]["image"] == [hashes[1], hash_a], name
+        # the Responses and Anthropic endpoints render the same request to the same features
+        for path, body in (
+            ("/v1/responses/render", _responses_body(IMAGES[1:3])),
+            ("/v1/messages/render", _anthropic_body(IMAGES[1:3])),
+        ):
+            other = client.post(path, json=body)
+            assert other.status_code == 200, other.text
+            assert other.json()["token_ids"] == two.json()["token_ids"], (name, path)
+            assert other.json()["features"] == two.json()["features"], (name, path)
         # the same ids and placeholders without tensors
         bare = client.post(
             "/v1/chat/completions/render", json={**_body(IMAGES[1:3]), "mm_payload": "none"}
