@@ -46,6 +46,7 @@ log = get_logger(__name__)
 class ServerConfig:
     """What ``aiomm serve`` configures."""
 
+    #: a model folder, or a registered short name (its offline folder: :func:`model_folder`)
     model: str
     #: the model id vLLM hashes items with: the model path as given to vLLM (default: ``model``)
     model_id: str | None = None
