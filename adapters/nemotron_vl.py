@@ -29,8 +29,10 @@ differs only for non-RGB inputs such as palette or RGBA images).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -87,6 +89,56 @@ class NemotronVLReference:
     def num_image_token(self) -> int:
         """Tokens per tile: the patch grid after pixel-shuffle."""
         return int((self.image_size // self.patch_size) ** 2 * self.downsample_ratio**2)
+
+    def config_entries(self) -> dict[str, Any]:
+        """The tiling parameters as the checkpoints' ``config.json`` spells them (InternVL's
+        keys); :meth:`from_pretrained` reads them back."""
+        return {
+            "force_image_size": self.image_size,
+            "downsample_ratio": self.downsample_ratio,
+            "min_dynamic_patch": self.min_dynamic_patch,
+            "max_dynamic_patch": self.max_dynamic_patch,
+            "dynamic_image_size": self.dynamic_image_size,
+            "use_thumbnail": self.use_thumbnail,
+            "vision_config": {"patch_size": self.patch_size, "image_size": self.image_size},
+        }
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write the tokenizer into the folder ``path`` (the parameters belong in its
+        ``config.json``: :meth:`config_entries`)."""
+        self.tokenizer.save_pretrained(str(path))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **overrides: Any) -> NemotronVLReference:
+        """The folder's tokenizer and the tiling parameters of its ``config.json`` (the
+        published ones where it has none); ``overrides`` win.
+
+        :raises OSError: the folder has no tokenizer.
+        """
+        from transformers import AutoTokenizer
+
+        folder = Path(path)
+        config: dict[str, Any] = {}
+        if (folder / "config.json").is_file():
+            config = json.loads((folder / "config.json").read_text())
+        vision = config.get("vision_config") or {}
+        params: dict[str, Any] = {
+            "image_size": config.get("force_image_size") or vision.get("image_size"),
+            "patch_size": vision.get("patch_size"),
+            **{
+                key: config.get(key)
+                for key in (
+                    "downsample_ratio",
+                    "min_dynamic_patch",
+                    "max_dynamic_patch",
+                    "dynamic_image_size",
+                    "use_thumbnail",
+                )
+            },
+        }
+        params = {k: v for k, v in params.items() if v is not None}
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return cls(tokenizer=tokenizer, **{**params, **overrides})
 
 
 def build_reference(backend: str = "pil", **overrides: Any) -> NemotronVLReference:
@@ -172,6 +224,12 @@ class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
         )
         start, end, context = tokenizer.convert_tokens_to_ids([IMG_START, IMG_END, IMG_CONTEXT])
         self.img_start_id, self.img_end_id, self.img_context_id = int(start), int(end), int(context)
+
+    @classmethod
+    def load_hf_processor(cls, path: str, **kwargs: Any) -> NemotronVLReference:
+        """The reference of a model folder (no transformers processor exists):
+        :meth:`NemotronVLReference.from_pretrained`."""
+        return NemotronVLReference.from_pretrained(path, **kwargs)
 
     @property
     def ref(self) -> NemotronVLReference:

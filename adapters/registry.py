@@ -170,7 +170,8 @@ def from_pretrained(
     backend: str | None = None,
     **processor_kwargs: Any,
 ) -> BaseMultiModalProcessor:
-    """Build a processor from a local model folder (``AutoProcessor.from_pretrained``).
+    """Build a processor from a local model folder (the adapter's ``load_hf_processor``:
+    ``AutoProcessor.from_pretrained`` unless the model has no transformers processor).
 
     The architecture comes from ``config.json``'s ``architectures`` unless given. ``backend``
     (``"torchvision"`` or ``"pil"``) picks the image processor's backend; None takes
@@ -179,7 +180,7 @@ def from_pretrained(
     :raises UnknownArchitectureError: if the architecture has no adapter.
     :raises FileNotFoundError: if neither ``architecture`` nor ``config.json`` says which.
     """
-    from transformers import AutoImageProcessor, AutoProcessor
+    from transformers import AutoImageProcessor
 
     path = Path(path)
     if architecture is None:
@@ -190,10 +191,8 @@ def from_pretrained(
             )
         architecture = json.loads(config_file.read_text())["architectures"][0]
     info = get_adapter_info(architecture)
-    hf_processor = AutoProcessor.from_pretrained(
-        str(path), local_files_only=True, **processor_kwargs
-    )
-    if backend is not None:
+    hf_processor = info.processor_cls.load_hf_processor(str(path), **processor_kwargs)
+    if backend is not None and hasattr(hf_processor, "image_processor"):
         # Only the image processor has both backends (video processors are torchvision-only).
         hf_processor.image_processor = AutoImageProcessor.from_pretrained(
             str(path), local_files_only=True, backend=backend
@@ -211,9 +210,9 @@ def _load_builtin() -> None:
         return
     package = importlib.import_module(__package__ or "aiomm.adapters")
     for module in pkgutil.iter_modules(package.__path__):
-        # Private modules are helpers; registry and offline register nothing (importing them
-        # would be harmless, skipping them keeps the intent plain).
-        if module.name.startswith("_") or module.name in ("registry", "offline"):
+        # Private modules are helpers; registry, offline and folders register nothing
+        # (importing them would be harmless, skipping them keeps the intent plain).
+        if module.name.startswith("_") or module.name in ("registry", "offline", "folders"):
             continue
         importlib.import_module(f"{package.__name__}.{module.name}")
     _loaded = True

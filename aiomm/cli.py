@@ -72,7 +72,11 @@ def _parser() -> argparse.ArgumentParser:
         "--shared-cache", metavar="URL", help="Redis item cache shared by replicas (redis://...)"
     )
     serve = sub.add_parser("serve", help="vLLM's render API and an OpenAI gateway over HTTP")
-    serve.add_argument("model", help="model folder (config, processor, tokenizer, template)")
+    serve.add_argument(
+        "model",
+        help="model folder (config, processor, tokenizer, template), or a registered short name "
+        "(its offline reference folder: a word-level tokenizer, for trying the server)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument(
         "--shared-cache", metavar="URL", help="Redis item cache shared by replicas (redis://...)"
@@ -132,8 +136,14 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"aiomm serve needs the serve extra: pip install 'aiomm[serve]' ({exc})")
         return 2
     if not Path(args.model).is_dir():
-        print(f"aiomm serve: {args.model} is not a model folder")
-        return 2
+        from aiomm.adapters import get_adapter_info
+        from aiomm.errors import UnknownArchitectureError
+
+        try:
+            get_adapter_info(args.model)  # a short name serves its offline reference folder
+        except UnknownArchitectureError as exc:
+            print(f"aiomm serve: {args.model} is not a model folder nor a registered name: {exc}")
+            return 2
     configure_logging(level="INFO", json=True)  # one JSON line per request
     config = ServerConfig(
         model=args.model,

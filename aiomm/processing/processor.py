@@ -170,6 +170,18 @@ class BaseMultiModalProcessor:
             ("native" if self.has_native else "hf") if mode == "auto" else mode
         )
 
+    @classmethod
+    def load_hf_processor(cls, path: str, **kwargs: Any) -> Any:
+        """The HF processor of the local model folder ``path`` (``AutoProcessor``, offline);
+        ``kwargs`` go to ``from_pretrained``. An adapter whose model has no transformers
+        processor overrides it.
+
+        :raises OSError: the folder lacks the processor's files.
+        """
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(path, local_files_only=True, **kwargs)
+
     def max_kept_pixels(self) -> int | None:
         """The most pixels an image keeps through this adapter's transform at its default
         settings (a larger source is only scaled down); None when unknown or unbounded. The

@@ -38,7 +38,7 @@ from .metrics import ServerMetrics
 from .render import RenderLimits, RenderService
 from .sampling import SamplingDefaults
 
-__all__ = ("ServerConfig", "create_app")
+__all__ = ("ServerConfig", "create_app", "model_folder")
 
 log = get_logger(__name__)
 
@@ -47,6 +47,7 @@ log = get_logger(__name__)
 class ServerConfig:
     """What ``aiomm serve`` configures."""
 
+    #: a model folder, or a registered short name (its offline folder: :func:`model_folder`)
     model: str
     #: the model id vLLM hashes items with: the model path as given to vLLM (default: ``model``)
     model_id: str | None = None
@@ -80,12 +81,27 @@ class _State:
     engine: Engine
 
 
+def model_folder(model: str) -> Path:
+    """The folder ``aiomm serve MODEL`` loads: ``model`` itself when it is a directory, else the
+    offline folder of a registered architecture or short name (built once into the cache,
+    :func:`aiomm.adapters.folders.model_folder`).
+
+    :raises UnknownArchitectureError: ``model`` is neither a folder nor a registered name.
+    """
+    folder = Path(model)
+    if folder.is_dir():
+        return folder
+    from aiomm.adapters import folders
+
+    return folders.model_folder(model)
+
+
 @contextlib.asynccontextmanager
 async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     """Open the engine, fetcher and upstream client of ``config``; close them on exit."""
     from transformers import AutoTokenizer
 
-    folder = Path(config.model)
+    folder = model_folder(config.model)
     engine_cfg = config.engine or EngineConfig(device="cpu", torch_threads=1)
     if not engine_cfg.return_items:
         engine_cfg = replace(engine_cfg, return_items=True)

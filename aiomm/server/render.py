@@ -27,6 +27,7 @@ from aiomm.processing.fields import (
     FieldKind,
     MultiModalFieldConfig,
     MultiModalKwargsItem,
+    PaddedImageField,
 )
 from aiomm.types import Request, Result
 
@@ -427,6 +428,10 @@ def _wire_value(key: str, item: MultiModalKwargsItem) -> Any:
 
 def _field(key: str, config: Any, slices: list[Any]) -> Field:
     keep = key in _KEEP_ON_CPU
+    if isinstance(config, PaddedImageField):
+        # an item holds its own unpadded image: vLLM's processors unpad (Mistral 3, Pixtral)
+        # and batch them
+        return Field("batched", {"keep_on_cpu": keep})
     kind = config.kind if isinstance(config, MultiModalFieldConfig) else FieldKind.FLAT
     if kind is FieldKind.BATCHED:
         return Field("batched", {"keep_on_cpu": keep})
@@ -447,6 +452,9 @@ def encode_items(
     """
     slices: dict[str, list[Any]] = {}
     for key in _ordered(items[0].data) if items else ():
+        config = items[0].fields[key]
+        if isinstance(config, MultiModalFieldConfig) and config.kind is not FieldKind.FLAT:
+            continue  # only flat fields have slices (a batched item may be a 0-d tensor)
         start, runs = 0, []
         for item in items:
             value = item.data[key]

@@ -6,7 +6,6 @@ import base64
 import io
 import json
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +21,8 @@ openai = pytest.importorskip("openai")
 from aiomm.server import ServerConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import RECORDED_MODEL, LiveServer, free_port  # noqa: E402
-from upstream_standin import StandIn, validate  # noqa: E402
+from conftest import RECORDED_MODEL, LiveServer  # noqa: E402
+from upstream_standin import StandIn, UpstreamServer, validate  # noqa: E402
 
 REPLY = "The picture shows a red car on the road."
 
@@ -42,29 +41,6 @@ def _messages(*urls: str, text: str = "Describe this image.") -> list[dict[str, 
     return [{"role": "user", "content": parts}]
 
 
-class _Upstream:
-    def __init__(self, standin: StandIn) -> None:
-        import uvicorn
-
-        self.standin = standin
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(standin.app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> _Upstream:
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 @pytest.fixture(scope="module")
 def gateway(model_folder: Path) -> Iterator[tuple[LiveServer, StandIn, list[int]]]:
     from transformers import AutoTokenizer
@@ -72,7 +48,7 @@ def gateway(model_folder: Path) -> Iterator[tuple[LiveServer, StandIn, list[int]
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     script = [*tokenizer.encode(REPLY, add_special_tokens=False), 151645]
     standin = StandIn(script, delay_s=0.05)
-    with _Upstream(standin) as upstream:
+    with UpstreamServer(standin) as upstream:
         config = ServerConfig(
             model=str(model_folder), model_id=RECORDED_MODEL, upstream=upstream.url
         )

@@ -8,6 +8,8 @@ whether a stream was abandoned by its client.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import anyio
@@ -61,8 +63,12 @@ SAMPLING = {
 IMAGE_PAD = 151655
 
 
-def validate(body: Any) -> list[str]:
-    """Every way ``body`` breaks the protocol (empty when it is valid)."""
+def validate(body: Any, *, image_token_id: int = IMAGE_PAD, runs: bool = True) -> list[str]:
+    """Every way ``body`` breaks the protocol (empty when it is valid).
+
+    A placeholder range must hold ``image_token_id``; with ``runs`` (Qwen's layout), nothing
+    else. An item with ``image_grid_thw`` must give its range's length and pixel rows.
+    """
     errors: list[str] = []
     if not isinstance(body, dict):
         return ["body is not an object"]
@@ -87,11 +93,13 @@ def validate(body: Any) -> list[str]:
         errors.append("max_tokens + prompt above the context")
     feats = body.get("features")
     if isinstance(feats, dict):
-        errors.extend(_validate_features(feats, ids))
+        errors.extend(_validate_features(feats, ids, image_token_id, runs))
     return errors
 
 
-def _validate_features(feats: dict[str, Any], ids: list[int]) -> list[str]:
+def _validate_features(
+    feats: dict[str, Any], ids: list[int], image_token_id: int, runs: bool
+) -> list[str]:
     errors: list[str] = []
     if set(feats) != {"mm_hashes", "mm_placeholders", "kwargs_data", "mm_metadata"}:
         return [f"features keys {sorted(feats)}"]
@@ -111,7 +119,10 @@ def _validate_features(feats: dict[str, Any], ids: list[int]) -> list[str]:
             ):
                 errors.append(f"bad placeholder {r}")
                 continue
-            if off + length > len(ids) or any(t != IMAGE_PAD for t in ids[off : off + length]):
+            inside = ids[off : off + length]
+            if off + length > len(ids) or image_token_id not in inside:
+                errors.append(f"placeholder {r} holds no image token inside token_ids")
+            elif runs and any(t != image_token_id for t in inside):
                 errors.append(f"placeholder {r} is not a run of image pads inside token_ids")
             end = off + length
         for part in ("kwargs_data", "mm_metadata"):
@@ -126,6 +137,12 @@ def _validate_features(feats: dict[str, Any], ids: list[int]) -> list[str]:
                     item = decode_item(b64)
                 except ValueError as exc:
                     errors.append(f"{part}: {exc}")
+                    continue
+                if not runs and "image_grid_thw" not in item:
+                    if part == "kwargs_data" and not any(
+                        isinstance(v, TensorValue) and v.data for v, _ in item.values()
+                    ):
+                        errors.append(f"{part}: an item without tensors")
                     continue
                 grid = item.get("image_grid_thw", (None,))[0]
                 if not isinstance(grid, TensorValue):
@@ -145,9 +162,18 @@ def _validate_features(feats: dict[str, Any], ids: list[int]) -> list[str]:
 class StandIn:
     """The stand-in's app and what it recorded."""
 
-    def __init__(self, script: list[int], *, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        script: list[int],
+        *,
+        delay_s: float = 0.0,
+        image_token_id: int = IMAGE_PAD,
+        runs: bool = True,
+    ) -> None:
         self.script = script
         self.delay_s = delay_s
+        self.image_token_id = image_token_id
+        self.runs = runs
         self.seen: list[dict[str, Any]] = []
         self.completed: list[str] = []
         self.abandoned: list[str] = []
@@ -157,7 +183,7 @@ class StandIn:
 
     async def generate(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
-        errors = validate(body)
+        errors = validate(body, image_token_id=self.image_token_id, runs=self.runs)
         if errors:
             return Response(orjson.dumps({"error": errors}), status_code=422)
         self.seen.append(body)
@@ -202,3 +228,32 @@ class StandIn:
                     self.abandoned.append(rid)
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+class UpstreamServer:
+    """A :class:`StandIn` served by uvicorn on loopback in a thread (a context manager)."""
+
+    def __init__(self, standin: StandIn) -> None:
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.standin = standin
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(standin.app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> UpstreamServer:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
