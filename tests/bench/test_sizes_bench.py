@@ -44,7 +44,8 @@ def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
     assert [c["size"] for c in record["classes"]] == [256, 2400]
     for c in record["classes"]:
         assert set(c["systems"]) == {"aiomm float32", "aiomm uint8", "hf-threads", "floor"}
-        for run in [*c["systems"].values(), *c["fast"].values()]:
+        assert set(c["fast_jpeg"]) == {"exact", "fast"}  # the class's JPEGs alone, both modes
+        for run in [*c["systems"].values(), *c["fast"].values(), *c["fast_jpeg"].values()]:
             assert run["images_per_s"] > 0 and run["cpu_ms_per_image"] > 0
     small, large = record["classes"]
     # at 256 px nothing is reduced: fast equals exact; at 2400 px (4.3-5.8 MP, the budget is
@@ -53,5 +54,14 @@ def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
     assert small["quality"]["psnr_worst_db"] is None  # inf: JSON has none
     assert large["quality"]["changed"] == 2
     assert 40 < large["quality"]["psnr_worst_db"] < 100
-    for label in ("aiomm float32", "aiomm uint8", "hf-threads", "floor", "fast mode", "PSNR"):
+    labels = (
+        "aiomm float32",
+        "aiomm uint8",
+        "hf-threads",
+        "floor",
+        "fast mode",
+        "PSNR",
+        "JPEG only",
+    )
+    for label in labels:
         assert label in printed
