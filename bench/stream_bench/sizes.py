@@ -8,7 +8,10 @@ image a request, as chat traffic sends them), side by side in one process and on
   GPU: the CPU work of a GPU deployment;
 - ``hf-threads``: Pillow decode, then the HF processor per request in ``asyncio.to_thread``;
 - ``floor``: the single-thread CPU time of decode + resize alone (the engine's own functions),
-  divided by the cores.
+  divided by the cores: the ideal of a machine with every core free;
+- ``floor (run)``: the same decode + resize run for real in the transform threads, interleaved
+  with the systems, so a shared machine's other load slows it as it slows them (``x floor run``
+  is the fair ratio there; ``CPU floor/sys`` is the floor's CPU per image over the system's).
 
 Images/s is wall-clock throughput with ``concurrency`` requests in flight, after one warm-up
 request; CPU ms per image is the process's CPU time over the images (the figure least disturbed
@@ -26,6 +29,7 @@ image (mean and worst).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import math
 import threading
@@ -185,23 +189,45 @@ class Systems:
 
         return asyncio.run(main())
 
+    def _decode_resize(self, data: bytes) -> None:
+        array = decode_image(data, max_pixels=DEFAULT_MAX_PIXELS)
+        height, width = _target_size(self.hf, array.shape[0], array.shape[1])
+        resize(array, height, width, self._resample, Backend.TORCHVISION)
+
+    @property
+    def _resample(self) -> Resample:
+        return Resample(int(self.hf.image_processor.resample))
+
     def floor(self, images: list[bytes]) -> Run:
-        """Single-thread CPU time of decode + resize alone, over the cores."""
-        resample = Resample(int(self.hf.image_processor.resample))
+        """Single-thread CPU time of decode + resize alone, over the cores (the ideal: every
+        transform thread busy on a machine of its own)."""
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
             cpu_s = 0.0
             for data in images:
                 t = time.thread_time()
-                array = decode_image(data, max_pixels=DEFAULT_MAX_PIXELS)
-                height, width = _target_size(self.hf, array.shape[0], array.shape[1])
-                resize(array, height, width, resample, Backend.TORCHVISION)
+                self._decode_resize(data)
                 cpu_s += time.thread_time() - t
         finally:
             torch.set_num_threads(threads)
         n = len(images)
         return Run(n / (cpu_s / self.threads), cpu_s / n * 1000)
+
+    def floor_run(self, images: list[bytes]) -> Run:
+        """Decode + resize alone, run for real in ``threads`` threads: the floor under the same
+        machine load as the systems it is interleaved with."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
+                list(pool.map(self._decode_resize, images[:1]))  # warm the threads
+                cpu, t = time.process_time(), time.perf_counter()
+                list(pool.map(self._decode_resize, images))
+                wall, cpu_s = time.perf_counter() - t, time.process_time() - cpu
+        finally:
+            torch.set_num_threads(threads)
+        return Run(len(images) / wall, cpu_s / len(images) * 1000)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -228,7 +254,12 @@ def run_sizes(
     for size in sizes:
         sc = make_class(size, per_class, seed)
         n = len(sc.images)
-        runs: dict[str, list[Run]] = {"aiomm float32": [], "aiomm uint8": [], "hf-threads": []}
+        runs: dict[str, list[Run]] = {
+            "aiomm float32": [],
+            "aiomm uint8": [],
+            "hf-threads": [],
+            "floor (run)": [],
+        }
         fast: dict[str, list[Run]] = {"exact": [], "fast": []}
         # photos alone: the mode only changes JPEGs, so the mixed class dilutes its effect
         jpegs = [im for im, fmt in zip(sc.images, sc.formats, strict=True) if fmt == "JPEG"]
@@ -237,6 +268,7 @@ def run_sizes(
             runs["aiomm float32"].append(systems.aiomm(sc.images, device=True))
             runs["aiomm uint8"].append(systems.aiomm(sc.images, device=False))
             runs["hf-threads"].append(systems.hf_threads(sc.images))
+            runs["floor (run)"].append(systems.floor_run(sc.images))
             for fidelity, runs_of in fast.items():
                 runs_of.append(systems.aiomm(sc.images, device=False, fidelity=fidelity))
             for fidelity, runs_of in fast_jpeg.items():
@@ -289,17 +321,20 @@ def report_sizes(record: dict[str, Any]) -> str:
         f"{record['concurrency']} requests in flight, best of {record['repeats']} interleaved runs",
         "",
         f"{'class':>6} {'MP':>5} {'system':<14} {'img/s':>8} {'CPU ms/img':>11} "
-        f"{'x hf-thr':>9} {'x floor':>8}",
+        f"{'x hf-thr':>9} {'x floor':>8} {'x floor run':>12} {'CPU floor/sys':>14}",
     ]
     for c in record["classes"]:
         s = c["systems"]
         hf, floor = s["hf-threads"]["images_per_s"], s["floor"]["images_per_s"]
-        for name in ("aiomm float32", "aiomm uint8", "hf-threads", "floor"):
+        run = s["floor (run)"]["images_per_s"]
+        floor_cpu = s["floor"]["cpu_ms_per_image"]
+        for name in ("aiomm float32", "aiomm uint8", "hf-threads", "floor (run)", "floor"):
             r = s[name]
             lines.append(
                 f"{c['size']:>6} {c['mean_mp']:>5.2f} {name:<14} {r['images_per_s']:>8.1f} "
                 f"{r['cpu_ms_per_image']:>11.2f} {r['images_per_s'] / hf:>9.2f} "
-                f"{r['images_per_s'] / floor:>8.2f}"
+                f"{r['images_per_s'] / floor:>8.2f} {r['images_per_s'] / run:>12.2f} "
+                f"{floor_cpu / r['cpu_ms_per_image']:>14.2f}"
             )
     lines += [
         "",

@@ -43,7 +43,13 @@ def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
     record = json.loads((tmp_path / "sizes.json").read_text())
     assert [c["size"] for c in record["classes"]] == [256, 2400]
     for c in record["classes"]:
-        assert set(c["systems"]) == {"aiomm float32", "aiomm uint8", "hf-threads", "floor"}
+        assert set(c["systems"]) == {
+            "aiomm float32",
+            "aiomm uint8",
+            "hf-threads",
+            "floor (run)",
+            "floor",
+        }
         assert set(c["fast_jpeg"]) == {"exact", "fast"}  # the class's JPEGs alone, both modes
         for run in [*c["systems"].values(), *c["fast"].values(), *c["fast_jpeg"].values()]:
             assert run["images_per_s"] > 0 and run["cpu_ms_per_image"] > 0
