@@ -4,8 +4,9 @@ Per size class (the longest edge; square-ish and 4:3 photo aspect ratios, JPEG a
 image a request, as chat traffic sends them), side by side in one process and one run:
 
 - ``aiomm float32``: ``Engine.process`` on the CPU device, the model's normalised float32 rows;
-- ``aiomm uint8``: ``Engine.process(device=False)``, the uint8 rows the device stage ships to a
-  GPU: the CPU work of a GPU deployment;
+- ``aiomm uint8``: the CPU work of a GPU deployment: the engine's items (``return_items``: the
+  transform's compact uint8 rows, no CPU merge) copied into one reused staging buffer, as the
+  device stage copies them into pinned memory before the H2D copy and the normalise kernel;
 - ``hf-threads``: Pillow decode, then the HF processor per request in ``asyncio.to_thread``;
 - ``floor``: the single-thread CPU time of decode + resize alone (the engine's own functions),
   divided by the cores: the ideal of a machine with every core free;
@@ -122,27 +123,43 @@ class Systems:
         self.hf(text=[PROMPT], images=[small_image()], return_tensors="pt")
         self._local = threading.local()
 
-    def _engine(self, **decode: Any) -> Engine:
+    def _engine(self, *, staged: bool = False, **decode: Any) -> Engine:
         config = EngineConfig(
             device="cpu",
             visual_dtype="float32",
             transform_threads=self.threads,
             cache_capacity_bytes=0,
             decode=DecodeConfig(**decode),
+            return_items=staged,
         )
         return Engine(self.processor, config)
 
     def aiomm(self, images: list[bytes], *, device: bool, **decode: Any) -> Run:
+        """``device=True``: normalised float32 rows; ``device=False``: the uint8 rows a GPU
+        deployment ships (each item's rows copied into a reused staging buffer)."""
         kwargs = decode.pop("kwargs", None)
+        staging = torch.empty(0, dtype=torch.uint8)
+
+        def stage(items: Sequence[Any]) -> None:
+            nonlocal staging
+            for item in items:
+                rows = item.data["pixel_values"]
+                if rows.dtype != torch.uint8:
+                    raise RuntimeError(f"the transform made {rows.dtype} rows, not uint8")
+                if staging.numel() < rows.numel():
+                    staging = torch.empty(rows.numel(), dtype=torch.uint8)
+                staging[: rows.numel()].view(rows.shape).copy_(rows)
 
         async def main() -> Run:
-            async with self._engine(**decode) as engine:
+            async with self._engine(staged=not device, **decode) as engine:
 
                 async def one(data: bytes) -> Any:
                     request = Request(prompt=PROMPT, images=[data], mm_processor_kwargs=kwargs)
-                    result = await engine.process(request, device=device)
+                    result = await engine.process(request)
                     if not result.ok:
                         raise RuntimeError(f"aiomm failed: {result.error}")
+                    if not device:
+                        stage(result.items)
                     return result
 
                 await one(images[0])  # warm the worker threads
