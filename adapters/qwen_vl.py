@@ -48,6 +48,8 @@ from aiomm.processing.image_ops import (
     ReducedImage,
     Resample,
     as_tensor_view,
+    copy_permuted,
+    numpy_copyable,
     patchify,
     resize,
     resize_chw,
@@ -564,8 +566,10 @@ def patchify_video(
     p, m, tps = patch_size, merge_size, temporal_patch_size
     gt, gh, gw = t // tps, h // p, w // p
     x = video.reshape(gt, tps, c, gh // m, m, p, gw // m, m, p)
-    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return x.reshape(gt * gh * gw, c * tps * p * p), [gt, gh, gw]
+    order, rows = (0, 3, 6, 4, 7, 2, 1, 5, 8), (gt * gh * gw, c * tps * p * p)
+    if numpy_copyable(x):
+        return copy_permuted(x, order, rows), [gt, gh, gw]
+    return x.permute(order).reshape(rows), [gt, gh, gw]
 
 
 def video_fields_config(outputs: Mapping[str, Any]) -> dict[str, MultiModalFieldConfig]:
