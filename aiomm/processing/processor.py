@@ -242,7 +242,9 @@ class BaseMultiModalProcessor:
         processed = self._call_hf_processor(hf_data, kwargs) if hf_data else None
         data = self._finalize_hf_mm_data(processed, passthrough)
         outputs = self._postprocess_hf_mm_data(data, kwargs)
-        return split_items(outputs, self._get_mm_fields_config(outputs, hf_kwargs))
+        items = split_items(outputs, self._get_mm_fields_config(outputs, hf_kwargs))
+        self._set_prompt_data(mm_items, items)
+        return items
 
     def assemble(
         self,
@@ -356,6 +358,14 @@ class BaseMultiModalProcessor:
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
     ) -> dict[str, FieldConfig]:
         raise NotImplementedError
+
+    def _set_prompt_data(
+        self,
+        mm_items: Mapping[str, list[Any]],
+        items: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> None:
+        """Fill each processed item's ``prompt_data`` from its input (what its prompt update
+        needs that is no model input, e.g. frame timestamps). By default nothing."""
 
     def _get_prompt_updates(
         self,
