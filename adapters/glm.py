@@ -53,6 +53,7 @@ from aiomm.adapters._text_ids import TextIds
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.qwen_vl import (
     SAMPLING_KWARGS,
+    check_device_normalization,
     grid_fields_config,
     grid_outputs,
     grid_prompt_updates,
@@ -513,6 +514,8 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
             out.update(grid_outputs([self.transform_image(i, params) for i in hf_data["images"]]))
         if hf_data.get("videos"):
             params = self._resolve_video_params(hf_kwargs)
+            if self.device_normalize:
+                check_device_normalization(self._resolve_params(hf_kwargs), params)
             done = [self.transform_video(f, params) for f in hf_data["videos"]]
             rows = [r for r, _ in done]
             out["pixel_values_videos"] = rows[0] if len(rows) == 1 else torch.cat(rows)

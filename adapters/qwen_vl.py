@@ -11,7 +11,9 @@ per temporal patch, the text ``<{t:.1f} seconds>`` (``t`` the mean timestamp of 
 and last frame) then ``<|vision_start|>``, ``grid_h * grid_w / merge_size**2`` ``<|video_pad|>``
 and ``<|vision_end|>``; the ``<|vision_start|>``/``<|vision_end|>`` around the original
 ``<|video_pad|>`` stay, as in HF's ``input_ids`` (vLLM's prompt update replaces them too). The
-placeholder range spans the whole expansion; ``is_embed`` marks its ``<|video_pad|>`` tokens.
+placeholder range spans the whole expansion; ``is_embed`` marks its ``<|video_pad|>`` tokens. The
+timestamp texts are tokenized on their own, which equals HF's ``input_ids`` when a special token
+precedes the ``<|video_pad|>`` (the chat template's ``<|vision_start|>``).
 
 The transform: ``smart_resize`` to a multiple of ``patch_size * merge_size`` within
 ``[shortest_edge, longest_edge]`` pixels, bicubic resize, then rows of
@@ -67,6 +69,7 @@ from aiomm.video import VideoClip, VideoInfo
 
 __all__ = (
     "QwenVLProcessor",
+    "check_device_normalization",
     "grid_fields_config",
     "grid_outputs",
     "grid_prompt_updates",
@@ -625,6 +628,8 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         clips: list[np.ndarray] = hf_data.get("videos", [])
         if clips:
             params = self._resolve_video_params(hf_kwargs)
+            if self.device_normalize:
+                check_device_normalization(self._resolve_params(hf_kwargs), params)
             cap = bool(hf_kwargs.get("cap_pixels_per_frame"))
             meta = hf_kwargs["video_metadata"]
             done = [
@@ -749,6 +754,24 @@ def video_rows(
         video = torch.cat((video, video[-1:].expand(pad, -1, -1, -1)))
     return patchify_video(video, patch_size=params.patch_size, merge_size=params.merge_size,
                           temporal_patch_size=tps)  # fmt: skip
+
+
+def check_device_normalization(image: Any, video: Any) -> None:
+    """The device normalises a request's images and videos with one set of parameters (the
+    image processor's): refuse a video processor that normalises otherwise.
+
+    :raises ProcessingError: the two differ in ``rescale_factor``, ``image_mean`` or
+        ``image_std``.
+    """
+
+    def key(p: Any) -> tuple[Any, ...]:
+        return p.rescale_factor, tuple(p.image_mean), tuple(p.image_std)
+
+    if key(image) != key(video):
+        raise ProcessingError(
+            f"the video processor normalises with {key(video)}, the image processor with "
+            f"{key(image)}; the device normalises with one: use mm_device_do_normalize=False"
+        )
 
 
 def resize_frames(video: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:

@@ -10,6 +10,7 @@ token ids, not unknown tokens.
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -299,3 +300,23 @@ def test_timestamps_survive_the_shared_cache_codec(name: str) -> None:
     cached = proc.assemble(ids, {"video": [back]}, kwargs)
     assert cached.prompt_token_ids == fresh.prompt_token_ids
     assert cached.mm_placeholders == fresh.mm_placeholders
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_video_processor_normalising_otherwise_is_refused_on_the_device(name: str) -> None:
+    """The device normalises images and videos alike: a checkpoint whose video processor has
+    its own mean is refused there (a typed error), and served by the classic path."""
+    base = _hf(name)
+    video = copy.deepcopy(base.video_processor)
+    video.image_mean = [0.25, 0.25, 0.25]
+    hf = type(base)(
+        image_processor=base.image_processor, tokenizer=base.tokenizer, video_processor=video
+    )
+    kwargs = {"do_sample_frames": False, **SMALL[name]}
+    clip = clip_from_frames(frames_of(4, 40, 60), max_frames=4, max_bytes=1 << 20)
+    with pytest.raises(ProcessingError, match="mm_device_do_normalize=False"):
+        build_processor(name, hf).process_items({"video": [clip]}, kwargs)
+    classic = build_processor(name, hf, config=MultiModalConfig(mm_device_do_normalize=False))
+    got = classic.process_items({"video": [clip]}, kwargs)["video"][0]
+    ref = _hf_call(classic, PROMPTS[name][0], [clip.frames], **kwargs)
+    assert torch.equal(got.data["pixel_values_videos"], ref["pixel_values_videos"])
