@@ -1,5 +1,4 @@
-"""The GLM-V family: GLM-4.1V/4.5V (``Glm4v``), GLM-OCR and GLM-5-Next. Images, and videos for
-GLM-4V and GLM-OCR.
+"""The GLM-V family: GLM-4.1V/4.5V (``Glm4v``), GLM-OCR and GLM-5-Next: images and videos.
 
 References (transformers):
 
@@ -23,17 +22,19 @@ the processor's ``merge_size`` attribute); ``<|begin_of_image|>``/``<|end_of_ima
 stay as they are. The ``native`` transform is proven equal to ``hf`` bit for bit for both backends
 by tests/adapters/test_parity.py.
 
-Video (``Glm4vVideoProcessor``; GLM-OCR's ``Glm46VVideoProcessor``), torchvision only in HF: frames
-sampled as the video processor's ``sample_frames`` (GLM-4V: ``fps`` frames per second up to
-``max_duration``; GLM-4.6V: a frame rate chosen by the duration; both keep distinct frames and
-repeat the last for an even count), every frame resized to one size (the video ``smart_resize``,
-whose pixel bounds count every frame), Qwen-VL rows of ``temporal_patch_size`` consecutive frames.
+Video (``Glm4vVideoProcessor``; GLM-OCR's ``Glm46VVideoProcessor``; ``Glm5NextVideoProcessor``),
+torchvision only in HF: frames sampled as the video processor's ``sample_frames`` (GLM-4V: ``fps``
+frames per second up to ``max_duration``; GLM-4.6V: a frame rate chosen by the duration;
+GLM-5-Next: ``fps`` per second, at most ``max_frames``; all keep distinct frames and repeat the
+last for an even count), every frame resized to one size (the video ``smart_resize``, whose pixel
+bounds count every frame; GLM-5-Next: the image's padded canvas with a token budget counting every
+frame), Qwen-VL rows of ``temporal_patch_size`` consecutive frames.
 The prompt (``replace_video_token``): each ``<|video|>`` becomes, per temporal patch,
 ``<|begin_of_image|>``, ``grid_h * grid_w / merge_size**2`` ``<|image|>``, ``<|end_of_image|>``
 and the timestamp text of the patch's first frame (``replace_frame_token_id``: whole seconds for
-GLM-4V, ``"{t:.1f} seconds"`` for GLM-4.6V); ``is_embed`` marks the ``<|image|>`` tokens. The
-texts are tokenized on their own, which equals HF's ``input_ids`` when a special token follows
-``<|video|>`` (the chat template's ``<|end_of_video|>``).
+GLM-4V, ``"{t:.1f} seconds"`` for GLM-4.6V and GLM-5-Next); ``is_embed`` marks the ``<|image|>``
+tokens. The texts are tokenized on their own, which equals HF's ``input_ids`` when a special token
+follows ``<|video|>`` (the chat template's ``<|end_of_video|>``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ __all__ = (
     "glm4v_sample_frame_indices",
     "glm4v_smart_resize",
     "glm5_next_canvas",
+    "glm5_next_sample_frame_indices",
     "glm46v_sample_frame_indices",
 )
 
@@ -98,6 +100,7 @@ VIDEO_PLACEHOLDER = "<|begin_of_video|><|video|><|end_of_video|>"
 _VIDEO_SAMPLING_KWARGS = {
     "Glm4vProcessor": frozenset({"do_sample_frames", "fps"}),
     "Glm46VProcessor": frozenset({"do_sample_frames"}),
+    "Glm5NextProcessor": frozenset({"do_sample_frames", "fps"}),
 }
 
 # Kwargs of the GLM image processors that the transform reads (both transforms honour them).
@@ -199,12 +202,38 @@ def glm46v_sample_frame_indices(info: VideoInfo, *, temporal_patch_size: int) ->
     effective = min(duration, 2400)
     target_fps = 3 if effective <= 30 else 1 if effective <= 300 else 0.5
     extract = min(int(effective * target_fps * temporal_patch_size), 640)
+    step = 1 / (temporal_patch_size * target_fps)
+    return _timed_indices(total, video_fps, extract, step, int(duration))
+
+
+def glm5_next_sample_frame_indices(
+    info: VideoInfo, *, fps: float, max_duration: float, max_frames: int
+) -> list[int]:
+    """The frames ``Glm5NextVideoProcessor.sample_frames`` keeps, identical indices: ``fps`` per
+    second (over at most ``max_duration`` seconds when positive), at most ``max_frames``.
+
+    :raises ProcessorKwargsError: a video without a frame rate.
+    """
+    video_fps = _require_fps(info)
+    total = info.total_num_frames
+    duration = info.duration or round((total - 1) / video_fps) + 1
+    max_second = int(duration)  # of the whole video, as HF's
+    if max_duration > 0:
+        duration = min(duration, max_duration)
+    extract = min(int(duration * fps), max_frames)
+    return _timed_indices(total, video_fps, extract, 1 / fps, max_second)
+
+
+def _timed_indices(
+    total: int, video_fps: float, extract: int, step: float, max_second: int
+) -> list[int]:
+    """GLM-4.6V's and GLM-5-Next's frames: one every ``step`` seconds until ``max_second``
+    (evenly spread instead when that makes fewer or more than ``extract``), distinct, even."""
     indices: list[int] = []
     if total < extract:
         indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
     else:
-        current, step, max_second = 0.0, 1 / (temporal_patch_size * target_fps), int(duration)
-        per_frame = 1 / video_fps
+        current, per_frame = 0.0, 1 / video_fps
         for i in range(total):
             if i * per_frame >= current:
                 current += step
@@ -231,18 +260,21 @@ def glm5_next_canvas(
     temporal_factor: int,
     min_tokens: int,
     max_tokens: int,
+    num_frames: int | None = None,
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """GLM-5-Next's ``(canvas, content)`` sizes, as transformers' ``glm5_next`` resize computes.
 
     The canvas is a multiple of ``factor`` within the token budget; the content is the resized
-    image placed at its top left (the rest is padded).
+    image placed at its top left (the rest is padded). ``num_frames``: a video's (the video
+    processor's resize, whose budget counts every frame); an image counts as
+    ``temporal_factor`` frames.
 
     :raises ProcessingError: if ``max_tokens`` cannot hold one aligned patch.
     """
     pixels_per_token = temporal_factor * factor**2
     min_pixels = min_tokens * pixels_per_token
     max_pixels = max_tokens * pixels_per_token
-    num_frames = temporal_factor
+    num_frames = temporal_factor if num_frames is None else num_frames
     frames = max(temporal_factor, round(num_frames / temporal_factor) * temporal_factor)
     canvas_h, canvas_w = _align(height, factor), _align(width, factor)
     if frames * canvas_h * canvas_w < min_pixels:
@@ -268,7 +300,7 @@ def glm5_next_canvas(
             else:
                 high = mid - 1
     scale = min(canvas_h / height, canvas_w / width)
-    if temporal_factor * height * width >= pixels_per_token * min_tokens:
+    if num_frames * height * width >= pixels_per_token * min_tokens:
         scale = min(1.0, scale)
     content_h = max(1, min(canvas_h, math.floor(height * scale)))
     content_w = max(1, min(canvas_w, math.floor(width * scale)))
@@ -393,9 +425,12 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         if "fps" not in self._video_kwargs:  # GLM-4.6V: the rate follows the duration
             return glm46v_sample_frame_indices(info, temporal_patch_size=vp.temporal_patch_size)
         fps = hf_kwargs.get("fps")
-        return glm4v_sample_frame_indices(
-            info, fps=vp.fps if fps is None else fps, max_duration=vp.max_duration
-        )
+        fps = vp.fps if fps is None else fps
+        if type(self.hf_processor).__name__ == "Glm5NextProcessor":
+            return glm5_next_sample_frame_indices(
+                info, fps=fps, max_duration=vp.max_duration, max_frames=vp.max_frames
+            )
+        return glm4v_sample_frame_indices(info, fps=fps, max_duration=vp.max_duration)
 
     def max_kept_pixels(self) -> int | None:
         """The upper pixel bound of the resize (``size.longest_edge``)."""
@@ -497,15 +532,27 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
             above 200.
         """
         t, height, width = frames.shape[:3]
-        if params.do_resize:
-            height, width = video_smart_resize(
-                t, height, width,
-                factor=params.patch_size * params.merge_size,
-                temporal_factor=params.temporal_patch_size,
-                min_pixels=params.min_bound, max_pixels=params.max_bound,
-            )  # fmt: skip
+        canvas, (height, width) = self.video_canvas(t, height, width, params)
         normalizer = None if self.device_normalize else self.video_processor
-        return video_rows(frames, height, width, params, normalizer)
+        return video_rows(frames, height, width, params, normalizer, canvas=canvas)
+
+    def video_canvas(
+        self, t: int, height: int, width: int, params: _TransformParams
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """``(canvas, content)`` sizes of the frames of a video of ``t`` sampled frames: GLM-4V's
+        video ``smart_resize`` (no padding).
+
+        :raises ProcessingError: a video the video processor rejects.
+        """
+        if not params.do_resize:
+            return (height, width), (height, width)
+        target = video_smart_resize(
+            t, height, width,
+            factor=params.patch_size * params.merge_size,
+            temporal_factor=params.temporal_patch_size,
+            min_pixels=params.min_bound, max_pixels=params.max_bound,
+        )  # fmt: skip
+        return target, target
 
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
@@ -602,19 +649,41 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     )
 )
 class Glm5NextMultiModalProcessor(GlmVMultiModalProcessor):
-    """Processor of GLM-5-Next (``Glm5NextProcessor``), images: a padded token-budget canvas."""
+    """Processor of GLM-5-Next (``Glm5NextProcessor``), images and videos: a padded
+    token-budget canvas."""
 
     # ``size`` is ignored by Glm5NextImageProcessor, so it is not accepted here.
     extra_kwargs: ClassVar[frozenset[str]] = frozenset(
         {"patch_expand_factor", "min_image_tokens", "max_image_tokens"}
     )
 
-    def _bounds(self, hf_kwargs: Mapping[str, Any]) -> tuple[int, int]:
-        ip = self.image_processor
+    def _bounds(self, hf_kwargs: Mapping[str, Any], processor: Any = None) -> tuple[int, int]:
+        ip = processor or self.image_processor
         return (
             int(hf_kwargs.get("min_image_tokens", ip.min_image_tokens)),
             int(hf_kwargs.get("max_image_tokens", ip.max_image_tokens)),
         )
+
+    def _resolve_video_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
+        # the video processor's own token budget (a request's kwargs apply to both, as in HF)
+        low, high = self._bounds(hf_kwargs, self.video_processor)
+        return resolve_params(
+            _TransformParams, self.video_processor, hf_kwargs, min_bound=low, max_bound=high
+        )
+
+    def video_canvas(
+        self, t: int, height: int, width: int, params: _TransformParams
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """GLM-5-Next's video canvas: the image canvas with a budget counting every frame (the
+        video processor, torchvision only, always applies ``patch_expand_factor``)."""
+        if not params.do_resize:
+            return (height, width), (height, width)
+        return glm5_next_canvas(
+            height, width,
+            factor=params.patch_size * params.merge_size * params.patch_expand_factor,
+            temporal_factor=params.temporal_patch_size,
+            min_tokens=params.min_bound, max_tokens=params.max_bound, num_frames=t,
+        )  # fmt: skip
 
     def canvas(
         self, height: int, width: int, params: _TransformParams

@@ -733,17 +733,26 @@ def _sampled_fps(metadata: Mapping[str, Any]) -> float:
 
 
 def video_rows(
-    frames: np.ndarray, height: int, width: int, params: Any, normalizer: Any | None
+    frames: np.ndarray,
+    height: int,
+    width: int,
+    params: Any,
+    normalizer: Any | None,
+    *,
+    canvas: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, list[int]]:
     """``T x H x W x 3`` uint8 frames -> the rows and grid of the Qwen-VL / GLM-V video
-    processors: resized to ``height x width`` as one batch, normalised by ``normalizer`` (the HF
-    video processor's own ``rescale_and_normalize``; None: left uint8), padded to a multiple of
+    processors: resized to ``height x width`` as one batch, padded with black at the bottom and
+    right to ``canvas`` (GLM-5-Next), normalised by ``normalizer`` (the HF video processor's own
+    ``rescale_and_normalize``; None: left uint8), padded to a multiple of
     ``params.temporal_patch_size`` with the last frame, patchified (:func:`patchify_video`)."""
     t, tps = frames.shape[0], params.temporal_patch_size
     # T x C x H x W with channels-last strides: resize reads any strides
     video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
     if (height, width) != tuple(video.shape[-2:]):
         video = resize_frames(video, height, width, params.resample)
+    if canvas is not None and canvas != (height, width):
+        video = torch.nn.functional.pad(video, (0, canvas[1] - width, 0, canvas[0] - height))
     if normalizer is not None:
         # the video processor's own operation: the classic path equals HF's bit for bit
         video = normalizer.rescale_and_normalize(

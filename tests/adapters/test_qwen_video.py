@@ -239,8 +239,8 @@ def test_sampling_off_keeps_every_frame_and_kwargs_are_checked() -> None:
 
 
 def test_an_image_only_processor_refuses_video() -> None:
-    """GLM-5-Next's video processor is not reproduced: its adapter takes images only."""
-    proc = build_processor("glm-5-next", hf_processor("glm-5-next"))
+    """Mistral 3's processor takes no video: neither does its adapter."""
+    proc = build_processor("mistral3", hf_processor("mistral3"))
     clip = clip_from_frames(frames_of(2, 32, 32), max_frames=4, max_bytes=1 << 20)
     with pytest.raises(UnknownModalityError):
         proc.apply([1, 2], {"video": [clip]})

@@ -1,5 +1,6 @@
 """Videos whose prompt carries frame timestamps: Qwen3-VL (``Qwen3VLVideoProcessor``) and the
-GLM-V family (``Glm4vVideoProcessor``, GLM-OCR's ``Glm46VVideoProcessor``) against transformers.
+GLM-V family (``Glm4vVideoProcessor``, GLM-OCR's ``Glm46VVideoProcessor``,
+``Glm5NextVideoProcessor``) against transformers.
 
 The reference is the HF processor given the *whole* decoded video and its metadata: HF samples the
 frames itself, so the frame indices, the streamed decode, the transform, the grids, the timestamps
@@ -24,6 +25,7 @@ from aiomm.adapters import build_processor
 from aiomm.adapters.glm import (
     GLM_SPECIAL_TOKENS,
     glm4v_sample_frame_indices,
+    glm5_next_sample_frame_indices,
     glm46v_sample_frame_indices,
 )
 from aiomm.adapters.glm import VIDEO_PLACEHOLDER as GLM_VIDEO
@@ -35,7 +37,7 @@ from aiomm.item_codec import decode_item, encode_item
 from aiomm.processing.processor import MultiModalConfig
 from aiomm.video import VideoInfo, clip_from_frames, decode_video
 
-NAMES = ("qwen3-vl", "glm-4v", "glm-ocr")
+NAMES = ("qwen3-vl", "glm-4v", "glm-ocr", "glm-5-next")
 #: per adapter: its video placeholder, the tokens around an expansion, an image placeholder
 PROMPTS = {
     "qwen3-vl": (QWEN_VIDEO, "<|vision_start|>", "<|vision_end|>",
@@ -43,18 +45,21 @@ PROMPTS = {
     "glm-4v": (GLM_VIDEO, "<|begin_of_video|>", "<|end_of_video|>",
                "<|begin_of_image|><|image|><|end_of_image|>"),
 }  # fmt: skip
-PROMPTS["glm-ocr"] = PROMPTS["glm-4v"]
+PROMPTS["glm-ocr"] = PROMPTS["glm-5-next"] = PROMPTS["glm-4v"]
 #: small pixel bounds (they count every frame of a video) keep the reference fast
 SMALL = {
     "qwen3-vl": {"size": {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 64}},
     "glm-4v": {"size": {"shortest_edge": 28 * 28 * 4, "longest_edge": 28 * 28 * 64}},
 }
 SMALL["glm-ocr"] = SMALL["glm-4v"]
+#: GLM-5-Next's budget is in tokens of ``temporal_patch_size * 28**2`` pixels
+SMALL["glm-5-next"] = {"min_image_tokens": 4, "max_image_tokens": 40}
 #: the sampling kwargs each video processor reads (GLM-4.6V's rate follows the duration)
 SAMPLINGS = {
     "qwen3-vl": ({}, {"fps": 3.0}, {"fps": None, "num_frames": 5}, {"do_sample_frames": False}),
     "glm-4v": ({}, {"fps": 3.0}, {"do_sample_frames": False}),
     "glm-ocr": ({}, {"do_sample_frames": False}),
+    "glm-5-next": ({}, {"fps": 3.0}, {"do_sample_frames": False}),
 }
 
 
@@ -240,6 +245,7 @@ def test_sampling_indices_equal_hf() -> None:
     qwen3 = _hf("qwen3-vl").video_processor
     glm4v = _hf("glm-4v").video_processor
     glm46v = _hf("glm-ocr").video_processor
+    glm5 = _hf("glm-5-next").video_processor
     for total in (2, 5, 12, 33, 100, 301, 2000):
         for video_fps in (7.0, 8.0, 24.0, 29.97):
             info = VideoInfo(total, video_fps, 10, 10)
@@ -261,6 +267,14 @@ def test_sampling_indices_equal_hf() -> None:
                 want = glm4v.sample_frames(metadata=meta(), fps=fps).tolist()
                 got = glm4v_sample_frame_indices(info, fps=fps, max_duration=glm4v.max_duration)
                 assert got == want, (total, video_fps, fps)
+                for max_duration in (0, 7):  # the processor's (none), and a cap
+                    vp = copy.copy(glm5)
+                    vp.max_duration = max_duration
+                    want = vp.sample_frames(metadata=meta(), fps=fps).tolist()
+                    got = glm5_next_sample_frame_indices(
+                        info, fps=fps, max_duration=max_duration, max_frames=vp.max_frames
+                    )
+                    assert got == want, (total, video_fps, fps, max_duration)
             want = glm46v.sample_frames(metadata=meta()).tolist()
             got = glm46v_sample_frame_indices(info, temporal_patch_size=2)
             assert got == want, (total, video_fps)
