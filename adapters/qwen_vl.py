@@ -418,10 +418,10 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         self.image_token_id: int = int(hf_processor.image_token_id)
         self.video_processor: Any = getattr(hf_processor, "video_processor", None)
         name = type(hf_processor).__name__
+        has_video = self.video_processor is not None
         #: Qwen3-VL: timestamps interleaved in the video prompt (module docstring)
-        self.timestamps = name in _TIMESTAMP_VIDEO_PROCESSORS
-        plain = name in _PLAIN_VIDEO_PROCESSORS
-        self.supports_video = (plain or self.timestamps) and self.video_processor is not None
+        self.timestamps = has_video and name in _TIMESTAMP_VIDEO_PROCESSORS
+        self.supports_video = self.timestamps or (has_video and name in _PLAIN_VIDEO_PROCESSORS)
         if self.supports_video:
             self.supported_modalities = ("image", "video")  # type: ignore[misc]
             self.video_token_id: int = int(hf_processor.video_token_id)

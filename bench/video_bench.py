@@ -1,14 +1,15 @@
 """Video preprocessing, aiomm against the HF video processor, side by side in one run.
 
-For one architecture (``--model``: Qwen2.5-VL by default, Qwen3-VL, GLM-4V) with ``fps``
-sampling, per video: the HF path decodes with transformers' own PyAV loader
-(``load_video(backend="pyav")`` with the video processor's ``sample_frames``) and runs the HF
-processor (CPU-normalised float32, its default; the prompt expanded with its timestamps where the
-model has them); aiomm decodes only the sampled frames (``aiomm.video.decode_video``) and runs its
-native transform and prompt update, once with uint8 output (the engine's default: normalised
-later on the device) and once CPU-normalised (the classic path, the same output as HF). Every
-path's sampled frames, grids and prompt token ids are checked equal first. Prints videos per
-second and CPU milliseconds per sampled frame, and aiomm's ratios to HF.
+For one architecture (``--model``: Qwen2.5-VL by default, Qwen3-VL, GLM-4V, GLM-OCR, GLM-5-Next)
+with the video processor's sampling (``fps`` where it takes one), per video: the HF path decodes
+with transformers' own PyAV loader (``load_video(backend="pyav")`` with the video processor's
+``sample_frames``) and runs the HF processor (CPU-normalised float32, its default; the prompt
+expanded with its timestamps where the model has them); aiomm decodes only the sampled frames
+(``aiomm.video.decode_video``) and runs its native transform and prompt update, once with uint8
+output (the engine's default: normalised later on the device) and once CPU-normalised (the
+classic path, the same output as HF). Every path's sampled frames, grids and prompt token ids are
+checked equal first. Prints videos per second and CPU milliseconds per sampled frame, and aiomm's
+ratios to HF.
 
     python bench/video_bench.py [--model qwen2.5-vl] [--frames 96] [--height 360] [--width 640]
                                 [--repeat 5] [--smoke]
@@ -38,6 +39,8 @@ PROMPTS = {
     "qwen2.5-vl": "<|vision_start|><|video_pad|><|vision_end|>",
     "qwen3-vl": "<|vision_start|><|video_pad|><|vision_end|>",
     "glm-4v": "<|begin_of_video|><|video|><|end_of_video|>",
+    "glm-ocr": "<|begin_of_video|><|video|><|end_of_video|>",
+    "glm-5-next": "<|begin_of_video|><|video|><|end_of_video|>",
 }
 
 
@@ -89,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from transformers.video_utils import load_video
 
     data = make_video(args.frames, args.height, args.width)
-    kwargs = {"do_sample_frames": True, "fps": args.fps}
+    # GLM-OCR's rate follows the duration: it takes no fps
+    kwargs = {"do_sample_frames": True, **({} if args.model == "glm-ocr" else {"fps": args.fps})}
     prompt = PROMPTS[args.model]
     fast = build_processor(args.model)
     classic = build_processor(args.model, config=MultiModalConfig(mm_device_do_normalize=False))
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "aiomm native, CPU-normalised": (cl_wall, cl_cpu),
     }
     print(f"{args.model} video: {args.frames} frames {args.width}x{args.height} H.264, "
-          f"{len(data)} bytes; fps={args.fps} samples {n} frames; "
+          f"{len(data)} bytes; fps={kwargs.get('fps', 'by duration')} samples {n} frames; "
           f"grid {hf_out['video_grid_thw'][0].tolist()}; one torch thread; "
           f"best of {args.repeat}")  # fmt: skip
     print(f"{'path':45s} {'videos/s':>9s} {'CPU ms/frame':>13s} {'speed vs hf':>12s}")

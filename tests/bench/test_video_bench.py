@@ -11,7 +11,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.mark.parametrize(("model", "frames"), [("qwen2.5-vl", 4), ("qwen3-vl", 4), ("glm-4v", 2)])
+@pytest.mark.parametrize(
+    ("model", "frames"),
+    [("qwen2.5-vl", 4), ("qwen3-vl", 4), ("glm-4v", 2), ("glm-ocr", 6), ("glm-5-next", 2)],
+)
 def test_smoke_run_reports_every_path(
     capsys: pytest.CaptureFixture[str], model: str, frames: int
 ) -> None:
