@@ -142,7 +142,8 @@ class BaseMultiModalProcessor:
 
     Optional hooks, each overridden by an adapter today: ``_get_hf_mm_inputs`` (processor
     kwargs rewritten for the HF call), ``_postprocess_hf_mm_data`` (outputs that are not one
-    tensor, e.g. unpadded images) and ``_postprocess_prompt`` (prompt-only edits).
+    tensor, e.g. unpadded images), ``_set_prompt_data`` (what an item's prompt update reads that
+    is no model input, e.g. frame timestamps) and ``_postprocess_prompt`` (prompt-only edits).
     ``_call_hf_processor`` and ``_finalize_hf_mm_data`` are stages 2 and 3 of the design; no
     adapter overrides them (stage 2 dispatches to ``_call_native_transform``, stage 3 merges
     stage 1's passthrough data), but they stay the seams where a processor whose HF call or

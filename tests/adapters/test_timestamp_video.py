@@ -334,3 +334,16 @@ def test_a_video_processor_normalising_otherwise_is_refused_on_the_device(name: 
     got = classic.process_items({"video": [clip]}, kwargs)["video"][0]
     ref = _hf_call(classic, PROMPTS[name][0], [clip.frames], **kwargs)
     assert torch.equal(got.data["pixel_values_videos"], ref["pixel_values_videos"])
+
+
+def test_the_item_codec_refuses_bad_prompt_data() -> None:
+    from aiomm.errors import CacheValueError
+
+    proc = _processor("qwen3-vl")
+    clip = clip_from_frames(frames_of(2, 40, 40), max_frames=4, max_bytes=1 << 20)
+    item = proc.process_items({"video": [clip]}, {"do_sample_frames": False, **SMALL["qwen3-vl"]})
+    item = item["video"][0]
+    assert item.prompt_data == {"timestamps": [1 / 48]}  # frames 0 and 1 at HF's default 24 fps
+    item.prompt_data["timestamps"] = [float("nan")]
+    with pytest.raises(CacheValueError, match="prompt data"):
+        encode_item(item)
