@@ -347,3 +347,29 @@ def test_the_item_codec_refuses_bad_prompt_data() -> None:
     item.prompt_data["timestamps"] = [float("nan")]
     with pytest.raises(CacheValueError, match="prompt data"):
         encode_item(item)
+
+
+@pytest.mark.parametrize("transform", ["native", "hf"])
+def test_qwen3_cap_pixels_per_frame(transform: str) -> None:
+    """Qwen3-VL's own per-frame cap (``max_video_tokens``, its formula, not Qwen2-VL's), where
+    it bites."""
+    base = _hf("qwen3-vl")
+    video = copy.deepcopy(base.video_processor)
+    video.max_video_tokens = 4  # read from the processor, as HF reads it
+    hf = type(base)(
+        image_processor=base.image_processor, tokenizer=base.tokenizer, video_processor=video
+    )
+    proc = build_processor("qwen3-vl", hf, config=MultiModalConfig(transform=transform))
+    clip = clip_from_frames(frames_of(8, 64, 96), max_frames=8, max_bytes=1 << 24)
+    grids = []
+    for cap in (False, True):
+        kwargs = {"do_sample_frames": False, "cap_pixels_per_frame": cap, **SMALL["qwen3-vl"]}
+        got = proc.apply(_ids(proc, QWEN_VIDEO), {"video": [clip]}, kwargs)
+        ref = _hf_call(proc, QWEN_VIDEO, [clip.frames], do_rescale=False, do_normalize=False,
+                       **kwargs)  # fmt: skip
+        merged = got.merged_kwargs()
+        assert torch.equal(merged["video_grid_thw"], ref["video_grid_thw"])
+        assert torch.equal(merged["pixel_values_videos"].float(), ref["pixel_values_videos"])
+        assert got.prompt_token_ids == ref["input_ids"][0].tolist()
+        grids.append(merged["video_grid_thw"].tolist())
+    assert grids[0] != grids[1]
