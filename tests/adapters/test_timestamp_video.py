@@ -98,8 +98,10 @@ def _number_tokenizer(special_tokens: tuple[str, ...]) -> Any:
 
 
 @functools.cache
-def _hf(name: str) -> Any:
-    base = hf_processor(name)
+def _hf(name: str, backend: str = "torchvision") -> Any:
+    """The HF processor of ``name`` (its image processor of ``backend``; the video processors
+    have only a torchvision backend) with the number-aware tokenizer."""
+    base = hf_processor(name, backend)
     specials = QWEN_SPECIAL_TOKENS if name.startswith("qwen") else GLM_SPECIAL_TOKENS
     return type(base)(
         image_processor=base.image_processor,
@@ -108,8 +110,8 @@ def _hf(name: str) -> Any:
     )
 
 
-def _processor(name: str, **config: Any) -> Any:
-    return build_processor(name, _hf(name), config=MultiModalConfig(**config))
+def _processor(name: str, backend: str = "torchvision", **config: Any) -> Any:
+    return build_processor(name, _hf(name, backend), config=MultiModalConfig(**config))
 
 
 def _sampled(proc: Any, videos: list[bytes], kwargs: dict[str, Any]) -> list[Any]:
@@ -196,9 +198,11 @@ def test_video_parity_uint8(name: str, transform: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_video_parity_classic_with_an_image(name: str) -> None:
-    """CPU-normalised floats equal HF's; an image and two videos in one prompt."""
-    proc = _processor(name, mm_device_do_normalize=False)
+@pytest.mark.parametrize("backend", ["torchvision", "pil"])
+def test_video_parity_classic_with_an_image(name: str, backend: str) -> None:
+    """CPU-normalised floats equal HF's; an image and two videos in one prompt, with either
+    image processor backend."""
+    proc = _processor(name, backend, mm_device_do_normalize=False)
     video, _, _, image_ph = PROMPTS[name]
     kwargs = dict(SMALL[name])
     image = frames_of(1, 50, 70, seed=3)[0]
