@@ -1,4 +1,4 @@
-"""The GLM-V family: GLM-4.1V/4.5V (``Glm4v``), GLM-OCR and GLM-5-Next. Images only.
+"""The GLM-V family: GLM-4.1V/4.5V (``Glm4v``), GLM-OCR and GLM-5-Next: images and videos.
 
 References (transformers):
 
@@ -21,6 +21,20 @@ Each ``<|image|>`` becomes ``grid_t * grid_h * grid_w / merge_size**2`` of them 
 the processor's ``merge_size`` attribute); ``<|begin_of_image|>``/``<|end_of_image|>`` around it
 stay as they are. The ``native`` transform is proven equal to ``hf`` bit for bit for both backends
 by tests/adapters/test_parity.py.
+
+Video (``Glm4vVideoProcessor``; GLM-OCR's ``Glm46VVideoProcessor``; ``Glm5NextVideoProcessor``),
+torchvision only in HF: frames sampled as the video processor's ``sample_frames`` (GLM-4V: ``fps``
+frames per second up to ``max_duration``; GLM-4.6V: a frame rate chosen by the duration;
+GLM-5-Next: ``fps`` per second, at most ``max_frames``; all keep distinct frames and repeat the
+last for an even count), every frame resized to one size (the video ``smart_resize``, whose pixel
+bounds count every frame; GLM-5-Next: the image's padded canvas with a token budget counting every
+frame), Qwen-VL rows of ``temporal_patch_size`` consecutive frames.
+The prompt (``replace_video_token``): each ``<|video|>`` becomes, per temporal patch,
+``<|begin_of_image|>``, ``grid_h * grid_w / merge_size**2`` ``<|image|>``, ``<|end_of_image|>``
+and the timestamp text of the patch's first frame (``replace_frame_token_id``: whole seconds for
+GLM-4V, ``"{t:.1f} seconds"`` for GLM-4.6V and GLM-5-Next); ``is_embed`` marks the ``<|image|>``
+tokens. The texts are tokenized on their own, which equals HF's ``input_ids`` when a special token
+follows ``<|video|>`` (the chat template's ``<|end_of_video|>``).
 """
 
 from __future__ import annotations
@@ -36,8 +50,18 @@ import torch.nn.functional as F
 
 from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import resolve_params, size_edges
+from aiomm.adapters._text_ids import TextIds
 from aiomm.adapters.offline import build_tokenizer
-from aiomm.adapters.qwen_vl import grid_fields_config, grid_outputs, grid_prompt_updates
+from aiomm.adapters.qwen_vl import (
+    SAMPLING_KWARGS,
+    check_device_normalization,
+    grid_fields_config,
+    grid_outputs,
+    grid_prompt_updates,
+    video_fields_config,
+    video_rows,
+    video_smart_resize,
+)
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
@@ -51,13 +75,17 @@ from aiomm.processing.image_ops import (
     to_rgb_array,
 )
 from aiomm.processing.processor import BaseMultiModalProcessor
-from aiomm.processing.prompt_updates import PromptUpdate
+from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
+from aiomm.video import VideoClip, VideoInfo
 
 __all__ = (
     "Glm5NextMultiModalProcessor",
     "GlmVMultiModalProcessor",
+    "glm4v_sample_frame_indices",
     "glm4v_smart_resize",
     "glm5_next_canvas",
+    "glm5_next_sample_frame_indices",
+    "glm46v_sample_frame_indices",
 )
 
 GLM_SPECIAL_TOKENS = (
@@ -66,6 +94,14 @@ GLM_SPECIAL_TOKENS = (
     "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>",
 )  # fmt: skip
 IMAGE_PLACEHOLDER = "<|begin_of_image|><|image|><|end_of_image|>"
+VIDEO_PLACEHOLDER = "<|begin_of_video|><|video|><|end_of_video|>"
+#: the HF processors whose ``replace_video_token`` this adapter reproduces, and the video
+#: kwargs their sampling reads (``Glm46VVideoProcessor`` ignores ``fps``)
+_VIDEO_SAMPLING_KWARGS = {
+    "Glm4vProcessor": frozenset({"do_sample_frames", "fps"}),
+    "Glm46VProcessor": frozenset({"do_sample_frames"}),
+    "Glm5NextProcessor": frozenset({"do_sample_frames", "fps"}),
+}
 
 # Kwargs of the GLM image processors that the transform reads (both transforms honour them).
 _COMMON_KWARGS = frozenset({
@@ -113,6 +149,105 @@ def glm4v_smart_resize(
     return h_bar, w_bar
 
 
+def _unique_even(indices: list[int]) -> list[int]:
+    """Distinct indices in order, the last repeated for an even count (both GLM samplers)."""
+    uniq = list(dict.fromkeys(indices))
+    if len(uniq) & 1:
+        uniq.append(uniq[-1])
+    return uniq
+
+
+def _require_fps(info: VideoInfo) -> float:
+    if info.fps is None:
+        raise ProcessorKwargsError(
+            "GLM-V samples frames by time and needs the video's frame rate: pass frames with "
+            "do_sample_frames=False"
+        )
+    return info.fps
+
+
+def glm4v_sample_frame_indices(info: VideoInfo, *, fps: float, max_duration: float) -> list[int]:
+    """The frames ``Glm4vVideoProcessor.sample_frames`` keeps, identical indices: ``fps`` per
+    second (evenly over the first ``max_duration`` seconds' worth beyond it), distinct, the last
+    repeated for an even count.
+
+    :raises ProcessorKwargsError: a video without a frame rate.
+    """
+    video_fps = _require_fps(info)
+    total = info.total_num_frames
+    last = total - 1
+    duration = info.duration or round(last / video_fps) + 1
+    if duration <= max_duration:
+        n = max(math.floor(duration * fps), 1)
+        indices = [min(last, math.ceil(i * video_fps / fps)) for i in range(n)]
+    else:
+        count = int(max_duration * fps)
+        if count >= total:
+            indices = list(range(total))
+        else:
+            seconds = np.linspace(0, duration, count, endpoint=True)
+            indices = [min(last, math.ceil(t * video_fps)) for t in seconds]
+    return _unique_even(indices)
+
+
+def glm46v_sample_frame_indices(info: VideoInfo, *, temporal_patch_size: int) -> list[int]:
+    """The frames ``Glm46VVideoProcessor.sample_frames`` keeps, identical indices: a frame rate
+    chosen by the duration (3, 1 or 0.5 per second, per temporal patch), at most 640 frames.
+
+    :raises ProcessorKwargsError: a video without a frame rate.
+    """
+    video_fps = _require_fps(info)
+    total = info.total_num_frames
+    duration = info.duration or round((total - 1) / video_fps) + 1
+    effective = min(duration, 2400)
+    target_fps = 3 if effective <= 30 else 1 if effective <= 300 else 0.5
+    extract = min(int(effective * target_fps * temporal_patch_size), 640)
+    step = 1 / (temporal_patch_size * target_fps)
+    return _timed_indices(total, video_fps, extract, step, int(duration))
+
+
+def glm5_next_sample_frame_indices(
+    info: VideoInfo, *, fps: float, max_duration: float, max_frames: int
+) -> list[int]:
+    """The frames ``Glm5NextVideoProcessor.sample_frames`` keeps, identical indices: ``fps`` per
+    second (over at most ``max_duration`` seconds when positive), at most ``max_frames``.
+
+    :raises ProcessorKwargsError: a video without a frame rate.
+    """
+    video_fps = _require_fps(info)
+    total = info.total_num_frames
+    duration = info.duration or round((total - 1) / video_fps) + 1
+    max_second = int(duration)  # of the whole video, as HF's
+    if max_duration > 0:
+        duration = min(duration, max_duration)
+    extract = min(int(duration * fps), max_frames)
+    return _timed_indices(total, video_fps, extract, 1 / fps, max_second)
+
+
+def _timed_indices(
+    total: int, video_fps: float, extract: int, step: float, max_second: int
+) -> list[int]:
+    """GLM-4.6V's and GLM-5-Next's frames: one every ``step`` seconds until ``max_second``
+    (evenly spread instead when that makes fewer or more than ``extract``), distinct, even."""
+    indices: list[int] = []
+    if total < extract:
+        indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
+    else:
+        current, per_frame = 0.0, 1 / video_fps
+        for i in range(total):
+            if i * per_frame >= current:
+                current += step
+                indices.append(i)
+                if current >= max_second:
+                    break
+    if len(indices) < extract:
+        start, end = (indices[0], indices[-1]) if indices else (0, max(total - 1, 0))
+        indices = np.linspace(start, end, extract, dtype=int).tolist()
+    elif len(indices) > extract:
+        indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
+    return _unique_even(indices)
+
+
 def _align(value: float, factor: int) -> int:
     return math.ceil(value / factor) * factor
 
@@ -125,18 +260,21 @@ def glm5_next_canvas(
     temporal_factor: int,
     min_tokens: int,
     max_tokens: int,
+    num_frames: int | None = None,
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """GLM-5-Next's ``(canvas, content)`` sizes, as transformers' ``glm5_next`` resize computes.
 
     The canvas is a multiple of ``factor`` within the token budget; the content is the resized
-    image placed at its top left (the rest is padded).
+    image placed at its top left (the rest is padded). ``num_frames``: a video's (the video
+    processor's resize, whose budget counts every frame); an image counts as
+    ``temporal_factor`` frames.
 
     :raises ProcessingError: if ``max_tokens`` cannot hold one aligned patch.
     """
     pixels_per_token = temporal_factor * factor**2
     min_pixels = min_tokens * pixels_per_token
     max_pixels = max_tokens * pixels_per_token
-    num_frames = temporal_factor
+    num_frames = temporal_factor if num_frames is None else num_frames
     frames = max(temporal_factor, round(num_frames / temporal_factor) * temporal_factor)
     canvas_h, canvas_w = _align(height, factor), _align(width, factor)
     if frames * canvas_h * canvas_w < min_pixels:
@@ -162,7 +300,7 @@ def glm5_next_canvas(
             else:
                 high = mid - 1
     scale = min(canvas_h / height, canvas_w / width)
-    if temporal_factor * height * width >= pixels_per_token * min_tokens:
+    if num_frames * height * width >= pixels_per_token * min_tokens:
         scale = min(1.0, scale)
     content_h = max(1, min(canvas_h, math.floor(height * scale)))
     content_w = max(1, min(canvas_w, math.floor(width * scale)))
@@ -236,12 +374,18 @@ class _TransformParams:
     Architecture("glm-ocr", "GlmOcrForConditionalGeneration", GLM_OCR, "zai-org/GLM-OCR"),
 )
 class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
-    """Processor of GLM-4V (``Glm4vProcessor``) and GLM-OCR (``Glm46VProcessor``), images."""
+    """Processor of GLM-4V (``Glm4vProcessor``) and GLM-OCR (``Glm46VProcessor``): images and
+    videos (module docstring).
+
+    A video item is a :class:`~aiomm.video.VideoClip` (frames already sampled: see
+    :meth:`sample_frames`); its item keeps the timestamps of its temporal patches in
+    ``prompt_data`` for the prompt.
+    """
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.PATCHES
 
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
-        {"image": IMAGE_PLACEHOLDER}
+        {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER}
     )
     has_native: ClassVar[bool] = True
     extra_kwargs: ClassVar[frozenset[str]] = frozenset({"size"})
@@ -249,12 +393,44 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
         self.image_token_id: int = int(hf_processor.image_token_id)
+        self.video_processor: Any = getattr(hf_processor, "video_processor", None)
+        sampling = _VIDEO_SAMPLING_KWARGS.get(type(hf_processor).__name__)
+        self.supports_video = sampling is not None and self.video_processor is not None
+        self._video_kwargs: frozenset[str] = sampling or frozenset()
+        if self.supports_video:
+            self.supported_modalities = ("image", "video")  # type: ignore[misc]
+            tok = hf_processor.tokenizer
+            self.video_token_id: int = int(hf_processor.video_token_id)
+            self.begin_image_id = int(tok.convert_tokens_to_ids("<|begin_of_image|>"))
+            self.end_image_id = int(tok.convert_tokens_to_ids("<|end_of_image|>"))
+            self._text_ids = TextIds(tok)
 
     # kwargs ---------------------------------------------------------------------------------
 
     def allowed_hf_kwargs(self) -> frozenset[str]:
-        """The image processor's kwargs that the transform reads; others would be ignored."""
-        return super().allowed_hf_kwargs() & (_COMMON_KWARGS | self.extra_kwargs)
+        """The image processor's kwargs that the transform reads (others would be ignored), and
+        the video sampling kwargs the video processor reads."""
+        allowed = super().allowed_hf_kwargs() & (_COMMON_KWARGS | self.extra_kwargs)
+        return allowed | self._video_kwargs
+
+    def sample_frames(self, info: VideoInfo, hf_kwargs: Mapping[str, Any]) -> list[int]:
+        """The indices of the frames the HF video processor samples from a video of ``info``
+        (every frame unless ``do_sample_frames``, on by default).
+
+        :raises ProcessorKwargsError: sampling a video without a frame rate.
+        """
+        vp = self.video_processor
+        if not hf_kwargs.get("do_sample_frames", vp.do_sample_frames):
+            return list(range(info.total_num_frames))
+        if "fps" not in self._video_kwargs:  # GLM-4.6V: the rate follows the duration
+            return glm46v_sample_frame_indices(info, temporal_patch_size=vp.temporal_patch_size)
+        fps = hf_kwargs.get("fps")
+        fps = vp.fps if fps is None else fps
+        if type(self.hf_processor).__name__ == "Glm5NextProcessor":
+            return glm5_next_sample_frame_indices(
+                info, fps=fps, max_duration=vp.max_duration, max_frames=vp.max_frames
+            )
+        return glm4v_sample_frame_indices(info, fps=fps, max_duration=vp.max_duration)
 
     def max_kept_pixels(self) -> int | None:
         """The upper pixel bound of the resize (``size.longest_edge``)."""
@@ -275,6 +451,18 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
             min_bound=min_bound, max_bound=max_bound,
         )  # fmt: skip
 
+    def _resolve_video_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
+        # ``size`` applies to the image and the video processor alike, as in HF's call
+        shortest, longest = size_edges(hf_kwargs.get("size", self.video_processor.size))
+        if not shortest or not longest:
+            raise ProcessorKwargsError(
+                "GLM-V video needs size={'shortest_edge': min_pixels, 'longest_edge': max_pixels}"
+            )
+        return resolve_params(
+            _TransformParams, self.video_processor, hf_kwargs,
+            min_bound=int(shortest), max_bound=int(longest),
+        )  # fmt: skip
+
     def _get_hf_mm_inputs(
         self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -282,6 +470,13 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         # The dummy text's mm_token_type_ids are dropped anyway, and building them from a tensor
         # makes numpy emit a DeprecationWarning on every call.
         kwargs["return_mm_token_type_ids"] = False
+        for key in SAMPLING_KWARGS:
+            kwargs.pop(key, None)  # the frames are sampled already
+        clips: list[VideoClip] = hf_data.get("videos", [])
+        if clips:
+            hf_data["videos"] = [c.frames for c in clips]
+            kwargs["video_metadata"] = [c.metadata() for c in clips]
+            kwargs["do_sample_frames"] = False
         return hf_data, kwargs, passthrough
 
     # the transform --------------------------------------------------------------------------
@@ -327,16 +522,101 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         )
         return rows, [1, canvas_h // params.patch_size, canvas_w // params.patch_size]
 
+    def transform_video(
+        self, frames: np.ndarray, params: _TransformParams
+    ) -> tuple[torch.Tensor, list[int]]:
+        """One video's sampled ``T x H x W x 3`` frames -> (rows, [grid_t, grid_h, grid_w]), as
+        the video processor.
+
+        :raises ProcessingError: fewer frames than ``temporal_patch_size``, or an aspect ratio
+            above 200.
+        """
+        t, height, width = frames.shape[:3]
+        canvas, (height, width) = self.video_canvas(t, height, width, params)
+        normalizer = None if self.device_normalize else self.video_processor
+        return video_rows(frames, height, width, params, normalizer, canvas=canvas)
+
+    def video_canvas(
+        self, t: int, height: int, width: int, params: _TransformParams
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """``(canvas, content)`` sizes of the frames of a video of ``t`` sampled frames: GLM-4V's
+        video ``smart_resize`` (no padding).
+
+        :raises ProcessingError: a video the video processor rejects.
+        """
+        if not params.do_resize:
+            return (height, width), (height, width)
+        target = video_smart_resize(
+            t, height, width,
+            factor=params.patch_size * params.merge_size,
+            temporal_factor=params.temporal_patch_size,
+            min_pixels=params.min_bound, max_pixels=params.max_bound,
+        )  # fmt: skip
+        return target, target
+
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
-        params = self._resolve_params(hf_kwargs)
-        return grid_outputs([self.transform_image(i, params) for i in hf_data.get("images", [])])
+        out: dict[str, Any] = {}
+        if hf_data.get("images"):
+            params = self._resolve_params(hf_kwargs)
+            out.update(grid_outputs([self.transform_image(i, params) for i in hf_data["images"]]))
+        if hf_data.get("videos"):
+            params = self._resolve_video_params(hf_kwargs)
+            if self.device_normalize:
+                check_device_normalization(self._resolve_params(hf_kwargs), params)
+            done = [self.transform_video(f, params) for f in hf_data["videos"]]
+            rows = [r for r, _ in done]
+            out["pixel_values_videos"] = rows[0] if len(rows) == 1 else torch.cat(rows)
+            out["video_grid_thw"] = torch.tensor([g for _, g in done], dtype=torch.long)
+        return out
 
     # fields, updates, normalisation ---------------------------------------------------------
 
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
     ) -> dict[str, MultiModalFieldConfig]:
-        return grid_fields_config(outputs)
+        return {**grid_fields_config(outputs), **video_fields_config(outputs)}
+
+    def _set_prompt_data(
+        self,
+        mm_items: Mapping[str, list[Any]],
+        items: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> None:
+        for clip, item in zip(mm_items.get("video", []), items.get("video", []), strict=True):
+            # As replace_video_token: the first frame's time of each temporal patch (every
+            # second frame, whatever temporal_patch_size), the last repeated to grid_t
+            fps = 24 if clip.fps is None else clip.fps
+            seconds = [i / fps for i in clip.frames_indices][::2]
+            grid_t = int(item.data["video_grid_thw"][0])
+            seconds = seconds[:grid_t]
+            seconds += [seconds[-1] if seconds else 0] * (grid_t - len(seconds))
+            item.prompt_data["timestamps"] = seconds
+
+    def frame_text(self, seconds: float) -> str:
+        """The text after a frame's image tokens: the HF processor's ``replace_frame_token_id``
+        without its image tokens."""
+        full = self.hf_processor.replace_frame_token_id(seconds, num_image_tokens=0)
+        return str(full).rpartition("<|end_of_image|>")[2]
+
+    def video_prompt(self, item: MultiModalKwargsItem) -> PromptUpdateDetails:
+        """The tokens of one video: per temporal patch its image tokens between
+        ``<|begin_of_image|>`` and ``<|end_of_image|>``, then its timestamp text.
+
+        :raises ProcessingError: an item without a timestamp per temporal patch.
+        """
+        gt, gh, gw = (int(v) for v in item.data["video_grid_thw"])
+        merge = int(self.video_processor.merge_size)
+        seconds = item.prompt_data.get("timestamps", ())
+        if len(seconds) < gt:
+            raise ProcessingError(
+                f"a GLM-V video item of {gt} temporal patches has {len(seconds)} timestamps"
+            )
+        frame = [self.begin_image_id, *[self.image_token_id] * (gh * gw // merge**2),
+                 self.end_image_id]  # fmt: skip
+        ids: list[int] = []
+        for t in seconds[:gt]:
+            ids += frame
+            ids += self._text_ids(self.frame_text(t))
+        return PromptUpdateDetails.select_token_id(ids, self.image_token_id)
 
     def num_image_tokens(self, item: MultiModalKwargsItem) -> int:
         # As Glm4vProcessor.replace_image_token: the processor's merge_size, not the kwarg.
@@ -350,7 +630,17 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
     ) -> list[PromptUpdate]:
         items = mm_kwargs.get("image", [])
-        return grid_prompt_updates(self.image_token_id, lambda i: self.num_image_tokens(items[i]))
+        updates = grid_prompt_updates(
+            self.image_token_id, lambda i: self.num_image_tokens(items[i])
+        )
+        if self.supports_video:
+            videos = mm_kwargs.get("video", [])
+            updates.append(
+                PromptReplacement(
+                    "video", [self.video_token_id], lambda i: self.video_prompt(videos[i])
+                )
+            )
+        return updates
 
 
 @register(
@@ -359,19 +649,41 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     )
 )
 class Glm5NextMultiModalProcessor(GlmVMultiModalProcessor):
-    """Processor of GLM-5-Next (``Glm5NextProcessor``), images: a padded token-budget canvas."""
+    """Processor of GLM-5-Next (``Glm5NextProcessor``), images and videos: a padded
+    token-budget canvas."""
 
     # ``size`` is ignored by Glm5NextImageProcessor, so it is not accepted here.
     extra_kwargs: ClassVar[frozenset[str]] = frozenset(
         {"patch_expand_factor", "min_image_tokens", "max_image_tokens"}
     )
 
-    def _bounds(self, hf_kwargs: Mapping[str, Any]) -> tuple[int, int]:
-        ip = self.image_processor
+    def _bounds(self, hf_kwargs: Mapping[str, Any], processor: Any = None) -> tuple[int, int]:
+        ip = processor or self.image_processor
         return (
             int(hf_kwargs.get("min_image_tokens", ip.min_image_tokens)),
             int(hf_kwargs.get("max_image_tokens", ip.max_image_tokens)),
         )
+
+    def _resolve_video_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
+        # the video processor's own token budget (a request's kwargs apply to both, as in HF)
+        low, high = self._bounds(hf_kwargs, self.video_processor)
+        return resolve_params(
+            _TransformParams, self.video_processor, hf_kwargs, min_bound=low, max_bound=high
+        )
+
+    def video_canvas(
+        self, t: int, height: int, width: int, params: _TransformParams
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """GLM-5-Next's video canvas: the image canvas with a budget counting every frame (the
+        video processor, torchvision only, always applies ``patch_expand_factor``)."""
+        if not params.do_resize:
+            return (height, width), (height, width)
+        return glm5_next_canvas(
+            height, width,
+            factor=params.patch_size * params.merge_size * params.patch_expand_factor,
+            temporal_factor=params.temporal_patch_size,
+            min_tokens=params.min_bound, max_tokens=params.max_bound, num_frames=t,
+        )  # fmt: skip
 
     def canvas(
         self, height: int, width: int, params: _TransformParams

@@ -2,9 +2,18 @@
 
 Reference: transformers' ``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` / ``Qwen3VLProcessor`` with
 ``Qwen2VLImageProcessor`` (torchvision backend) or ``Qwen2VLImageProcessorPil`` (PIL backend),
-which every member uses for images. Video (Qwen2-VL and Qwen2.5-VL): ``Qwen2VLVideoProcessor``
-(torchvision only; no PIL backend exists), see :class:`QwenVLProcessor`. Qwen3-VL's video, whose
-prompt interleaves timestamps, is not supported yet.
+which every member uses for images. Video: ``Qwen2VLVideoProcessor`` (Qwen2-VL, Qwen2.5-VL) and
+``Qwen3VLVideoProcessor`` (Qwen3-VL and every member built on ``Qwen3VLProcessor``), torchvision
+only (no PIL backend exists), see :class:`QwenVLProcessor`.
+
+Qwen3-VL's video prompt (``Qwen3VLProcessor.replace_video_token``): each ``<|video_pad|>`` becomes,
+per temporal patch, the text ``<{t:.1f} seconds>`` (``t`` the mean timestamp of the patch's first
+and last frame) then ``<|vision_start|>``, ``grid_h * grid_w / merge_size**2`` ``<|video_pad|>``
+and ``<|vision_end|>``; the ``<|vision_start|>``/``<|vision_end|>`` around the original
+``<|video_pad|>`` stay, as in HF's ``input_ids`` (vLLM's prompt update replaces them too). The
+placeholder range spans the whole expansion; ``is_embed`` marks its ``<|video_pad|>`` tokens. The
+timestamp texts are tokenized on their own, which equals HF's ``input_ids`` when a special token
+precedes the ``<|video_pad|>`` (the chat template's ``<|vision_start|>``).
 
 The transform: ``smart_resize`` to a multiple of ``patch_size * merge_size`` within
 ``[shortest_edge, longest_edge]`` pixels, bicubic resize, then rows of
@@ -28,7 +37,7 @@ processor: a Qwen3-VL vision tower with ``patch_size`` 16 and ``temporal_patch_s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,6 +46,7 @@ import torch
 
 from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import resolve_params, size_edges
+from aiomm.adapters._text_ids import TextIds
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
@@ -61,11 +71,16 @@ from aiomm.video import VideoClip, VideoInfo
 
 __all__ = (
     "QwenVLProcessor",
+    "check_device_normalization",
     "grid_fields_config",
     "grid_outputs",
     "grid_prompt_updates",
+    "qwen3_sample_frame_indices",
+    "qwen3_timestamps",
     "sample_frame_indices",
     "smart_resize",
+    "video_rows",
+    "video_smart_resize",
 )
 
 QWEN_SPECIAL_TOKENS = (
@@ -76,6 +91,8 @@ IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 #: the HF processors whose video prompt is one run of ``<|video_pad|>`` per video
 _PLAIN_VIDEO_PROCESSORS = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
+#: the HF processors whose video prompt interleaves each temporal patch's timestamp
+_TIMESTAMP_VIDEO_PROCESSORS = frozenset({"Qwen3VLProcessor"})
 #: video kwargs that choose frames: applied when the video is decoded (and part of the cache key)
 SAMPLING_KWARGS = frozenset({"do_sample_frames", "fps", "num_frames", "min_frames", "max_frames"})
 
@@ -99,6 +116,49 @@ def smart_resize(
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def video_smart_resize(
+    num_frames: int,
+    height: int,
+    width: int,
+    *,
+    factor: int,
+    temporal_factor: int,
+    min_pixels: int,
+    max_pixels: int,
+) -> tuple[int, int]:
+    """The frame size of a video of ``num_frames`` frames, identical to the ``smart_resize`` of
+    transformers' Qwen3-VL and GLM-4V video processors: the pixel bounds count every frame, and
+    frames narrower than ``factor`` are first scaled up.
+
+    :raises ProcessingError: fewer frames than ``temporal_factor``, or an aspect ratio above 200.
+    """
+    if num_frames < temporal_factor:
+        raise ProcessingError(
+            f"a video of {num_frames} sampled frame(s) is shorter than temporal_patch_size "
+            f"{temporal_factor}, which the video processor rejects"
+        )
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ProcessingError(
+            f"video frames of {height}x{width} have an aspect ratio above 200, which the video "
+            "processor rejects"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
@@ -164,6 +224,58 @@ def sample_frame_indices(
         )
     # torch's float arithmetic, as HF computes it, so that the indices are the same
     return torch.arange(0, total, total / count).int().tolist()
+
+
+def qwen3_sample_frame_indices(
+    info: VideoInfo,
+    *,
+    do_sample_frames: bool,
+    fps: float | None,
+    num_frames: int | None,
+    min_frames: int,
+    max_frames: int,
+    default_fps: float | None = None,
+) -> list[int]:
+    """The frames ``Qwen3VLVideoProcessor.sample_frames`` keeps of a video (every frame when
+    ``do_sample_frames`` is off), identical indices: ``num_frames`` (or ``fps`` frames per second,
+    within ``[min_frames, max_frames]`` and the video's length) spread evenly, first and last
+    included. ``fps=None`` means ``default_fps`` (the processor's) unless ``num_frames`` is given.
+    A short video may repeat frames (``num_frames`` above its length). A video without a frame
+    rate counts as 24 fps, as HF's.
+
+    :raises ProcessorKwargsError: ``fps`` with ``num_frames``, or no frame to sample.
+    """
+    total = info.total_num_frames
+    if not do_sample_frames:
+        return list(range(total))
+    if fps is not None and num_frames is not None:
+        raise ProcessorKwargsError(
+            "fps and num_frames are mutually exclusive (Qwen3-VL's video processor samples at "
+            "fps=2 by default: pass fps=None with num_frames)"
+        )
+    fps = default_fps if fps is None else fps
+    if num_frames is None and fps is not None:
+        video_fps = 24.0 if info.fps is None else info.fps
+        num_frames = int(total / video_fps * fps)
+        num_frames = min(max(num_frames, min_frames), max_frames, total)
+    if num_frames is None:
+        num_frames = min(max(total, min_frames), max_frames)
+    if num_frames <= 0:
+        raise ProcessorKwargsError(f"cannot sample {num_frames} frames of a video")
+    return np.linspace(0, total - 1, int(num_frames)).round().astype(int).tolist()
+
+
+def qwen3_timestamps(
+    frames_indices: Sequence[int], fps: float | None, temporal_patch_size: int
+) -> list[float]:
+    """Seconds of each temporal patch as ``Qwen3VLProcessor._calculate_timestamps``: the mean of
+    its first and last frame's time (indices padded with the last one; 24 fps when unknown)."""
+    fps = 24 if fps is None else fps
+    indices = list(frames_indices)
+    indices += indices[-1:] * (-len(indices) % temporal_patch_size)
+    seconds = [i / fps for i in indices]
+    tps = temporal_patch_size
+    return [(seconds[i] + seconds[i + tps - 1]) / 2 for i in range(0, len(seconds), tps)]
 
 
 def grid_fields_config(
@@ -283,15 +395,16 @@ def _pixel_bounded_params(
                  "internlm/Intern-S2-Mobius"),
 )  # fmt: skip
 class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
-    """Processor of every Qwen-VL family architecture: images, and videos where the prompt of a
-    video is one run of ``<|video_pad|>`` (Qwen2-VL, Qwen2.5-VL).
+    """Processor of every Qwen-VL family architecture: images and videos.
 
     A video item is a :class:`~aiomm.video.VideoClip` (frames already sampled: see
-    :meth:`sample_frames`). Its transform is ``Qwen2VLVideoProcessor``'s: every frame resized to
-    one ``smart_resize`` size (the video processor's own pixel bounds), frames padded to a
-    multiple of ``temporal_patch_size`` with the last one, and rows of ``temporal_patch_size``
-    consecutive real frames (``pixel_values_videos``, uint8 when the device normalises; never
-    compact), ``video_grid_thw`` and, for Qwen2.5-VL, ``second_per_grid_ts``.
+    :meth:`sample_frames`). Its transform is the video processor's: every frame resized to one
+    ``smart_resize`` size (the video processor's own pixel bounds; Qwen3-VL's count every
+    frame), frames padded to a multiple of ``temporal_patch_size`` with the last one, and rows of
+    ``temporal_patch_size`` consecutive real frames (``pixel_values_videos``, uint8 when the
+    device normalises; never compact), ``video_grid_thw`` and, for Qwen2.5-VL,
+    ``second_per_grid_ts``. Qwen3-VL's items keep their patches' timestamps in ``prompt_data``
+    for the prompt (module docstring).
     """
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.PATCHES
@@ -306,12 +419,19 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         super().__init__(hf_processor, **kwargs)
         self.image_token_id: int = int(hf_processor.image_token_id)
         self.video_processor: Any = getattr(hf_processor, "video_processor", None)
-        plain = type(hf_processor).__name__ in _PLAIN_VIDEO_PROCESSORS
-        self.supports_video = plain and self.video_processor is not None
+        name = type(hf_processor).__name__
+        has_video = self.video_processor is not None
+        #: Qwen3-VL: timestamps interleaved in the video prompt (module docstring)
+        self.timestamps = has_video and name in _TIMESTAMP_VIDEO_PROCESSORS
+        self.supports_video = self.timestamps or (has_video and name in _PLAIN_VIDEO_PROCESSORS)
         if self.supports_video:
             self.supported_modalities = ("image", "video")  # type: ignore[misc]
             self.video_token_id: int = int(hf_processor.video_token_id)
-            self._seconds_per_grid = type(hf_processor).__name__ == "Qwen2_5_VLProcessor"
+            self._seconds_per_grid = name == "Qwen2_5_VLProcessor"
+        if self.timestamps:
+            self.vision_start_token_id = int(hf_processor.vision_start_token_id)
+            self.vision_end_token_id = int(hf_processor.vision_end_token_id)
+            self._text_ids = TextIds(hf_processor.tokenizer)
 
     def allowed_hf_kwargs(self) -> frozenset[str]:
         """The image processor's kwargs, and the video processor's where videos are taken."""
@@ -348,6 +468,17 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         def get(name: str) -> Any:
             return hf_kwargs.get(name, getattr(vp, name, None))
 
+        if self.timestamps:
+            # HF's Qwen3-VL sampling reads min/max_frames from the processor, not the request
+            return qwen3_sample_frame_indices(
+                info,
+                do_sample_frames=bool(get("do_sample_frames")),
+                fps=get("fps"),
+                num_frames=get("num_frames"),
+                min_frames=int(vp.min_frames),
+                max_frames=int(vp.max_frames),
+                default_fps=vp.fps,
+            )
         return sample_frame_indices(
             info,
             do_sample_frames=bool(get("do_sample_frames")),
@@ -449,37 +580,47 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             src = resize_uint8(src, height, width, variant, layout="hwc")
         return src.permute(2, 0, 1).contiguous()
 
+    def video_frame_size(
+        self, t: int, height: int, width: int, params: _TransformParams, cap: bool
+    ) -> tuple[int, int]:
+        """The size the frames of a video of ``t`` sampled ``height x width`` frames take, as
+        the video processor's ``resize`` (``cap``: qwen-vl-utils' ``cap_pixels_per_frame``).
+
+        :raises ProcessingError: a video the video processor rejects.
+        """
+        if not params.do_resize:
+            return height, width
+        factor = params.patch_size * params.merge_size
+        tps = params.temporal_patch_size
+        max_pixels = params.max_pixels
+        if self.timestamps:  # Qwen3VLVideoProcessor: the bounds count every frame
+            if cap:
+                frame_cap = self.video_processor.max_video_tokens * factor * factor
+                per_frame = max(min(frame_cap, max_pixels // t), int(params.min_pixels * 1.05))
+                max_pixels = per_frame * t
+            return video_smart_resize(
+                t, height, width, factor=factor, temporal_factor=tps,
+                min_pixels=params.min_pixels, max_pixels=max_pixels,
+            )  # fmt: skip
+        if cap:
+            total = int(self.video_processor.max_video_tokens * factor * factor * 0.9)
+            max_pixels = max(min(max_pixels, total * tps // t), int(params.min_pixels * 1.05))
+        return smart_resize(
+            height, width, factor=factor, min_pixels=params.min_pixels, max_pixels=max_pixels
+        )
+
     def transform_video(
         self, clip: VideoClip, params: _TransformParams, cap_pixels_per_frame: bool = False
     ) -> tuple[torch.Tensor, list[int]]:
         """One video -> (rows ``[gt * gh * gw, C * T * P * P]`` of ``T = temporal_patch_size``
-        consecutive frames, ``[grid_t, gh, gw]``), as ``Qwen2VLVideoProcessor``."""
+        consecutive frames, ``[grid_t, gh, gw]``), as the video processor."""
         frames = clip.frames
         t, height, width = frames.shape[0], frames.shape[1], frames.shape[2]
-        factor = params.patch_size * params.merge_size
-        tps = params.temporal_patch_size
-        if params.do_resize:
-            max_pixels = params.max_pixels
-            if cap_pixels_per_frame:
-                total = int(self.video_processor.max_video_tokens * factor * factor * 0.9)
-                max_pixels = max(min(max_pixels, total * tps // t), int(params.min_pixels * 1.05))
-            height, width = smart_resize(
-                height, width, factor=factor, min_pixels=params.min_pixels, max_pixels=max_pixels
-            )
-        # T x C x H x W with channels-last strides: resize reads any strides
-        video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
-        if (height, width) != tuple(video.shape[-2:]):
-            video = resize_frames(video, height, width, params.resample)
-        if not self.device_normalize:
-            # the video processor's own operation: the classic path equals HF's bit for bit
-            video = self.video_processor.rescale_and_normalize(
-                video.float(), True, params.rescale_factor, True,
-                tuple(params.image_mean), tuple(params.image_std),
-            )  # fmt: skip
-        if pad := -t % tps:
-            video = torch.cat((video, video[-1:].expand(pad, -1, -1, -1)))
-        return patchify_video(video, patch_size=params.patch_size, merge_size=params.merge_size,
-                              temporal_patch_size=tps)  # fmt: skip
+        height, width = self.video_frame_size(t, height, width, params, cap_pixels_per_frame)
+        return video_rows(
+            frames, height, width, params,
+            None if self.device_normalize else self.video_processor,
+        )  # fmt: skip
 
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
@@ -489,6 +630,8 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         clips: list[np.ndarray] = hf_data.get("videos", [])
         if clips:
             params = self._resolve_video_params(hf_kwargs)
+            if self.device_normalize:
+                check_device_normalization(self._resolve_params(hf_kwargs), params)
             cap = bool(hf_kwargs.get("cap_pixels_per_frame"))
             meta = hf_kwargs["video_metadata"]
             done = [
@@ -522,6 +665,39 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         merge = int(hf_kwargs.get("merge_size", self.image_processor.merge_size))
         return int(item.data["image_grid_thw"].prod()) // (merge * merge)
 
+    def _set_prompt_data(
+        self,
+        mm_items: Mapping[str, list[Any]],
+        items: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> None:
+        if not self.timestamps:
+            return
+        tps = int(self.video_processor.temporal_patch_size)  # HF's: the processor's, not a kwarg
+        for clip, item in zip(mm_items.get("video", []), items.get("video", []), strict=True):
+            seconds = qwen3_timestamps(clip.frames_indices, clip.fps, tps)
+            item.prompt_data["timestamps"] = seconds
+
+    def video_prompt(self, item: MultiModalKwargsItem) -> PromptUpdateDetails:
+        """Qwen3-VL's tokens of one video: per temporal patch its timestamp text, then its
+        vision tokens between ``<|vision_start|>`` and ``<|vision_end|>``.
+
+        :raises ProcessingError: an item without a timestamp per temporal patch.
+        """
+        gt, gh, gw = (int(v) for v in item.data["video_grid_thw"])
+        merge = int(self.video_processor.merge_size)
+        seconds = item.prompt_data.get("timestamps", ())
+        if len(seconds) < gt:
+            raise ProcessingError(
+                f"a Qwen3-VL video item of {gt} temporal patches has {len(seconds)} timestamps"
+            )
+        frame = [self.vision_start_token_id, *[self.video_token_id] * (gh * gw // merge**2),
+                 self.vision_end_token_id]  # fmt: skip
+        ids: list[int] = []
+        for t in seconds[:gt]:
+            ids += self._text_ids(f"<{t:.1f} seconds>")
+            ids += frame
+        return PromptUpdateDetails.select_token_id(ids, self.video_token_id)
+
     def _get_prompt_updates(
         self,
         mm_counts: Mapping[str, int],
@@ -532,7 +708,14 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         updates = grid_prompt_updates(
             self.image_token_id, lambda i: self.num_image_tokens(items[i], hf_kwargs)
         )
-        if self.supports_video:
+        if self.timestamps:
+            videos = mm_kwargs.get("video", [])
+            updates.append(
+                PromptReplacement(
+                    "video", [self.video_token_id], lambda i: self.video_prompt(videos[i])
+                )
+            )
+        elif self.supports_video:
             videos = mm_kwargs.get("video", [])
             merge = int(hf_kwargs.get("merge_size", self.video_processor.merge_size))
 
@@ -549,6 +732,57 @@ def _sampled_fps(metadata: Mapping[str, Any]) -> float:
     if fps is None:
         return 24.0
     return len(metadata["frames_indices"]) / metadata["total_num_frames"] * fps
+
+
+def video_rows(
+    frames: np.ndarray,
+    height: int,
+    width: int,
+    params: Any,
+    normalizer: Any | None,
+    *,
+    canvas: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, list[int]]:
+    """``T x H x W x 3`` uint8 frames -> the rows and grid of the Qwen-VL / GLM-V video
+    processors: resized to ``height x width`` as one batch, padded with black at the bottom and
+    right to ``canvas`` (GLM-5-Next), normalised by ``normalizer`` (the HF video processor's own
+    ``rescale_and_normalize``; None: left uint8), padded to a multiple of
+    ``params.temporal_patch_size`` with the last frame, patchified (:func:`patchify_video`)."""
+    t, tps = frames.shape[0], params.temporal_patch_size
+    # T x C x H x W with channels-last strides: resize reads any strides
+    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
+    if (height, width) != tuple(video.shape[-2:]):
+        video = resize_frames(video, height, width, params.resample)
+    if canvas is not None and canvas != (height, width):
+        video = torch.nn.functional.pad(video, (0, canvas[1] - width, 0, canvas[0] - height))
+    if normalizer is not None:
+        # the video processor's own operation: the classic path equals HF's bit for bit
+        video = normalizer.rescale_and_normalize(
+            video.float(), True, params.rescale_factor, True,
+            tuple(params.image_mean), tuple(params.image_std),
+        )  # fmt: skip
+    if pad := -t % tps:
+        video = torch.cat((video, video[-1:].expand(pad, -1, -1, -1)))
+    return patchify_video(video, patch_size=params.patch_size, merge_size=params.merge_size,
+                          temporal_patch_size=tps)  # fmt: skip
+
+
+def check_device_normalization(image: Any, video: Any) -> None:
+    """The device normalises a request's images and videos with one set of parameters (the
+    image processor's): refuse a video processor that normalises otherwise.
+
+    :raises ProcessingError: the two differ in ``rescale_factor``, ``image_mean`` or
+        ``image_std``.
+    """
+
+    def key(p: Any) -> tuple[Any, ...]:
+        return p.rescale_factor, tuple(p.image_mean), tuple(p.image_std)
+
+    if key(image) != key(video):
+        raise ProcessingError(
+            f"the video processor normalises with {key(video)}, the image processor with "
+            f"{key(image)}; the device normalises with one: use mm_device_do_normalize=False"
+        )
 
 
 def resize_frames(video: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:

@@ -5,11 +5,11 @@ Layout (little endian)::
     magic "AIMMITEM" | format u16 | reserved u16 | header length u32 | blake3(header + payload)
     | header (JSON) | payload (each tensor's raw bytes at a 64-byte aligned offset)
 
-The header names the modality, each value (a tensor as dtype, shape, offset and length; a plain
-value as JSON) and each field config (its type and parameters). Nothing in a value is executed:
-no pickle, dtypes come from an allow list, field configs from a fixed set of types, and every
-offset and length is checked against the payload. The digest makes a truncated or altered value
-a :class:`~aiomm.errors.CacheValueError`, never a wrong item.
+The header names the modality, the prompt data (JSON, optional), each value (a tensor as dtype,
+shape, offset and length; a plain value as JSON) and each field config (its type and parameters).
+Nothing in a value is executed: no pickle, dtypes come from an allow list, field configs from a
+fixed set of types, and every offset and length is checked against the payload. The digest makes
+a truncated or altered value a :class:`~aiomm.errors.CacheValueError`, never a wrong item.
 
 Decoded tensors share one writable copy of the value (one allocation per item).
 """
@@ -93,14 +93,18 @@ def encode_item(item: MultiModalKwargsItem) -> bytes:
                     f"value {key!r} of type {type(value).__name__} is neither a tensor nor JSON"
                 ) from None
             values[key] = {"json": value}
-    header = json.dumps(
-        {
-            "modality": item.modality,
-            "data": values,
-            "fields": {key: _field_to_json(key, cfg) for key, cfg in item.fields.items()},
-        },
-        separators=(",", ":"),
-    ).encode()
+    head: dict[str, Any] = {
+        "modality": item.modality,
+        "data": values,
+        "fields": {key: _field_to_json(key, cfg) for key, cfg in item.fields.items()},
+    }
+    if item.prompt_data:
+        try:
+            json.dumps(item.prompt_data, allow_nan=False)
+        except (TypeError, ValueError):
+            raise CacheValueError("the item's prompt data is not JSON") from None
+        head["prompt"] = item.prompt_data
+    header = json.dumps(head, separators=(",", ":")).encode()
     digest = blake3(header)
     for chunk in chunks:
         digest.update(chunk)
@@ -134,13 +138,16 @@ def decode_item(blob: bytes | bytearray | memoryview) -> MultiModalKwargsItem:
         data = {k: _value_from_json(k, v, payload) for k, v in header["data"].items()}
         fields = {k: _field_from_json(v) for k, v in header["fields"].items()}
         modality = header["modality"]
+        prompt_data = header.get("prompt", {})
     except CacheValueError:
         raise
     except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
         raise CacheValueError(f"malformed item header: {type(exc).__name__}: {exc}") from None
     if not isinstance(modality, str):
         raise CacheValueError("item modality is not a string")
-    return MultiModalKwargsItem(modality, data, fields)
+    if not isinstance(prompt_data, dict):
+        raise CacheValueError("item prompt data is not an object")
+    return MultiModalKwargsItem(modality, data, fields, prompt_data)
 
 
 def _value_from_json(key: str, spec: dict[str, Any], payload: bytearray) -> Any:

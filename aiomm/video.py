@@ -87,7 +87,7 @@ class VideoClip:
         }
 
 
-#: ``VideoInfo -> frame indices`` (increasing, within ``[0, total_num_frames)``)
+#: ``VideoInfo -> frame indices`` (non-decreasing, within ``[0, total_num_frames)``)
 Sampler = Callable[[VideoInfo], Sequence[int]]
 
 
@@ -158,11 +158,13 @@ def check_budget(
     n = len(indices)
     if n == 0:
         raise EmptyVideoError("sampling kept no frame of the video")
-    if any(b <= a for a, b in itertools.pairwise(indices)) or not (
+    # a frame may repeat (GLM-V pads an odd count with the last frame, Qwen3-VL samples more
+    # frames than a short video has), but never go back: the decode is one forward pass
+    if any(b < a for a, b in itertools.pairwise(indices)) or not (
         0 <= indices[0] and indices[-1] < info.total_num_frames
     ):
         raise DecodeError(
-            f"sampled frame indices must increase within [0, {info.total_num_frames})"
+            f"sampled frame indices must not decrease and lie within [0, {info.total_num_frames})"
         )
     if info.height * info.width > max_pixels:
         raise VideoTooLargeError(
@@ -217,6 +219,10 @@ def decode_video(
             out[slot] = rgb
             kept += 1
             nxt = next(wanted, None)
+            while nxt is not None and nxt[1] == i:  # the same frame sampled again
+                out[nxt[0]] = rgb
+                kept += 1
+                nxt = next(wanted, None)
             if nxt is None:
                 break
             slot, target = nxt

@@ -271,11 +271,16 @@ class PaddedImageField(FieldConfig):
 
 @dataclass
 class MultiModalKwargsItem:
-    """The processor output of one item: its modality and, per key, its value and field config."""
+    """The processor output of one item: its modality and, per key, its value and field config.
+
+    ``prompt_data``: JSON data the item's prompt update reads that is no model input (Qwen3-VL's
+    and GLM-V's frame timestamps); cached with the item, never merged into the model's kwargs.
+    """
 
     modality: str
     data: dict[str, Any]
     fields: dict[str, FieldConfig] = field(repr=False)
+    prompt_data: dict[str, Any] = field(default_factory=dict)
 
     def nbytes(self) -> int:
         """Bytes held by this item's tensors (what a cache counts)."""

@@ -142,7 +142,8 @@ class BaseMultiModalProcessor:
 
     Optional hooks, each overridden by an adapter today: ``_get_hf_mm_inputs`` (processor
     kwargs rewritten for the HF call), ``_postprocess_hf_mm_data`` (outputs that are not one
-    tensor, e.g. unpadded images) and ``_postprocess_prompt`` (prompt-only edits).
+    tensor, e.g. unpadded images), ``_set_prompt_data`` (what an item's prompt update reads that
+    is no model input, e.g. frame timestamps) and ``_postprocess_prompt`` (prompt-only edits).
     ``_call_hf_processor`` and ``_finalize_hf_mm_data`` are stages 2 and 3 of the design; no
     adapter overrides them (stage 2 dispatches to ``_call_native_transform``, stage 3 merges
     stage 1's passthrough data), but they stay the seams where a processor whose HF call or
@@ -254,7 +255,9 @@ class BaseMultiModalProcessor:
         processed = self._call_hf_processor(hf_data, kwargs) if hf_data else None
         data = self._finalize_hf_mm_data(processed, passthrough)
         outputs = self._postprocess_hf_mm_data(data, kwargs)
-        return split_items(outputs, self._get_mm_fields_config(outputs, hf_kwargs))
+        items = split_items(outputs, self._get_mm_fields_config(outputs, hf_kwargs))
+        self._set_prompt_data(mm_items, items)
+        return items
 
     def assemble(
         self,
@@ -368,6 +371,14 @@ class BaseMultiModalProcessor:
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
     ) -> dict[str, FieldConfig]:
         raise NotImplementedError
+
+    def _set_prompt_data(
+        self,
+        mm_items: Mapping[str, list[Any]],
+        items: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> None:
+        """Fill each processed item's ``prompt_data`` from its input (what its prompt update
+        needs that is no model input, e.g. frame timestamps). By default nothing."""
 
     def _get_prompt_updates(
         self,

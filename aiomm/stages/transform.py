@@ -199,7 +199,7 @@ class TransformStage(Stage):
                 nbytes = int(clip.frames[0].nbytes) * len(indices)
 
                 def load() -> VideoClip:
-                    if len(indices) == t:
+                    if list(indices) == list(range(t)):
                         return clip
                     return VideoClip(clip.frames[indices], None, t, tuple(indices))
 

@@ -238,8 +238,9 @@ def test_sampling_off_keeps_every_frame_and_kwargs_are_checked() -> None:
         proc.process_items({"video": [clip]}, {"min_pixels": 56 * 56})
 
 
-def test_qwen3_vl_takes_no_video_yet() -> None:
-    proc = build_processor("qwen3-vl", hf_processor("qwen3-vl"))
+def test_an_image_only_processor_refuses_video() -> None:
+    """Mistral 3's processor takes no video: neither does its adapter."""
+    proc = build_processor("mistral3", hf_processor("mistral3"))
     clip = clip_from_frames(frames_of(2, 32, 32), max_frames=4, max_bytes=1 << 20)
     with pytest.raises(UnknownModalityError):
         proc.apply([1, 2], {"video": [clip]})

@@ -133,8 +133,28 @@ async def test_bad_videos_fail_alone() -> None:
     assert fine.ok, fine.error
 
 
+@pytest.mark.parametrize("name", ["qwen3-vl", "glm-4v", "glm-5-next"])
+async def test_timestamped_video_miss_then_hit_equals_apply(name: str) -> None:
+    """Qwen3-VL's and GLM-V's prompts read the timestamps kept with the (cached) item."""
+    glm = "<|begin_of_video|><|video|><|end_of_video|>"
+    placeholder = VIDEO_PLACEHOLDER if name == "qwen3-vl" else glm
+    kwargs: dict = {"size": {"shortest_edge": 4096, "longest_edge": 65536}}
+    if name == "glm-5-next":  # a token budget instead
+        kwargs = {"min_image_tokens": 4, "max_image_tokens": 40}
+    prompt = f"see {placeholder} then {placeholder}"
+    request = Request(prompt=prompt, videos=[VIDEO, OTHER], mm_processor_kwargs=kwargs)
+    async with _engine(name) as engine:
+        out, merged = _expected(engine, prompt, [VIDEO, OTHER], kwargs)
+        assert all(p.is_embed is not None for p in out.mm_placeholders["video"])
+        first = await engine.process(request)
+        _assert_equal(first, out, merged)
+        second = await engine.process(request)
+        _assert_equal(second, out, merged)
+        assert second.cache == [CacheOutcome.HIT] * 2
+
+
 async def test_video_for_an_image_only_adapter_is_refused() -> None:
-    async with _engine("qwen3-vl") as engine:
+    async with _engine("mistral3") as engine:
         result = await engine.process_safe(Request(prompt="a", videos=[VIDEO]))
     assert isinstance(result.error, UnknownModalityError)
 

@@ -99,9 +99,9 @@ def test_budget_is_checked_before_decoding() -> None:
         decode_video(data, everything, max_frames=12, max_bytes=64 * 96 * 3 * 12).frames.shape[0]
         == 12
     )
-    with pytest.raises(DecodeError, match="increase"):
-        decode_video(data, lambda i: [3, 3])
-    with pytest.raises(DecodeError, match="increase"):
+    with pytest.raises(DecodeError, match="must not decrease"):
+        decode_video(data, lambda i: [3, 2])
+    with pytest.raises(DecodeError, match="lie within"):
         decode_video(data, lambda i: [0, 12])
     with pytest.raises(EmptyVideoError):
         decode_video(data, lambda i: [])
