@@ -35,8 +35,9 @@ from aiomm.processing.fields import (
 
 __all__ = ("FORMAT_VERSION", "decode_item", "encode_item")
 
-#: bumped whenever the layout or the meaning of a header field changes
-FORMAT_VERSION = 1
+#: bumped whenever the layout or the meaning of a header field changes (2: the "prompt" key,
+#: video timestamps an item needs; a reader of 1 would drop it)
+FORMAT_VERSION = 2
 
 _MAGIC = b"AIMMITEM"
 _PREFIX = struct.Struct("<8sHHI32s")

@@ -83,7 +83,7 @@ def test_round_trip_of_a_real_processor_item(name: str) -> None:
         pytest.param(lambda b: b[:-5] + bytes([b[-5] ^ 0x01]) + b[-4:], id="payload-bit"),
         pytest.param(lambda b: b[:60] + bytes([b[60] ^ 0x20]) + b[61:], id="header-bit"),
         pytest.param(lambda b: b"XIMMITEM" + b[8:], id="magic"),
-        pytest.param(lambda b: b[:8] + b"\x02\x00" + b[10:], id="version"),
+        pytest.param(lambda b: b[:8] + b"\x01\x00" + b[10:], id="version"),
         pytest.param(lambda b: b + b"\x00", id="extended"),
         pytest.param(lambda b: b"\x80\x04\x95" + b[3:], id="pickle-like"),
     ],
