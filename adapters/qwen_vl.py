@@ -37,6 +37,7 @@ import torch
 
 from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import resolve_params, size_edges
+from aiomm.adapters._stored import hf_class_name
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
@@ -304,12 +305,12 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         super().__init__(hf_processor, **kwargs)
         self.image_token_id: int = int(hf_processor.image_token_id)
         self.video_processor: Any = getattr(hf_processor, "video_processor", None)
-        plain = type(hf_processor).__name__ in _PLAIN_VIDEO_PROCESSORS
+        plain = hf_class_name(hf_processor) in _PLAIN_VIDEO_PROCESSORS
         self.supports_video = plain and self.video_processor is not None
         if self.supports_video:
             self.supported_modalities = ("image", "video")  # type: ignore[misc]
             self.video_token_id: int = int(hf_processor.video_token_id)
-            self._seconds_per_grid = type(hf_processor).__name__ == "Qwen2_5_VLProcessor"
+            self._seconds_per_grid = hf_class_name(hf_processor) == "Qwen2_5_VLProcessor"
 
     def allowed_hf_kwargs(self) -> frozenset[str]:
         """The image processor's kwargs, and the video processor's where videos are taken."""
