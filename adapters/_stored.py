@@ -11,7 +11,9 @@ processor on first access to anything else (the ``hf`` transform, the classic pa
 normalisation, a tokenizer call the snapshot cannot answer), so every path still gives the HF
 processor's results.
 
-A snapshot is used only under the transformers and tokenizers versions it was taken with.
+A snapshot is used only under the transformers and tokenizers versions it was taken with. Under
+other versions the first start builds the HF processor and keeps its snapshot in a cache folder
+(:func:`cache_dir`), which the next starts use.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import dataclasses
 import enum
 import functools
 import json
+import os
 import threading
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -28,16 +31,21 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from aiomm.logging import get_logger
+
 __all__ = (
     "STORE",
     "StoredHFProcessor",
     "StoredImageProcessor",
     "StoredTokenizer",
     "build_store",
+    "cache_dir",
     "hf_class_name",
+    "offline_hf_processor",
     "snapshot",
-    "stored_hf_processor",
 )
+
+log = get_logger(__name__)
 
 #: the shipped snapshots (package data of ``aiomm.adapters``)
 STORE = Path(__file__).with_name("stored_processors.json")
@@ -231,21 +239,60 @@ def build_store(builders: Iterable[tuple[str, Callable[[], Any]]]) -> dict[str, 
 
 @functools.cache
 def _load_store() -> dict[str, Any] | None:
-    if not STORE.is_file():
+    return json.loads(STORE.read_text()) if STORE.is_file() else None
+
+
+def cache_dir() -> Path | None:
+    """Where snapshots taken under other library versions than the shipped ones are kept:
+    ``$AIOMM_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiomm`` (``~/.cache/aiomm``); an empty
+    ``AIOMM_CACHE_DIR`` keeps none."""
+    given = os.environ.get("AIOMM_CACHE_DIR")
+    if given is not None:
+        return Path(given) if given else None
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aiomm"
+
+
+def _cache_file(key: str, versions: Mapping[str, str]) -> Path | None:
+    root = cache_dir()
+    if root is None:
         return None
-    store: dict[str, Any] = json.loads(STORE.read_text())
+    tag = "-".join(f"{name}{versions[name]}" for name in _VERSIONED)
+    return root / "processors" / tag / f"{key.replace('/', '--')}.json"
+
+
+def _remember(path: Path, hf_processor: Any) -> None:
+    """Keep ``hf_processor``'s snapshot at ``path`` (best effort: a read-only home is fine)."""
+    spec, tokenizer_json = snapshot(hf_processor)
     try:
-        current = _versions()
-    except metadata.PackageNotFoundError:
-        return None
-    return store if store["versions"] == current else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"spec": spec, "tokenizer": tokenizer_json}))
+        os.replace(tmp, path)  # readers never see half a file
+    except OSError as exc:
+        log.debug("processor_snapshot_not_kept", path=str(path), error=str(exc))
 
 
-def stored_hf_processor(key: str, build: Callable[[], Any]) -> StoredHFProcessor | None:
-    """The stored processor ``key`` (``"<short name>/<backend>"``), ``build`` making the real
-    one on demand; None when there is no snapshot for it under the installed versions."""
+def offline_hf_processor(key: str, build: Callable[[], Any]) -> Any | None:
+    """The offline reference processor ``key`` (``"<short name>/<backend>"``) for the store's
+    architectures: a :class:`StoredHFProcessor` of the shipped snapshot when the installed
+    versions are the store's, else of the snapshot in :func:`cache_dir`, else ``build()``'s
+    processor itself, whose snapshot is kept for the next start. None for other keys.
+    """
     store = _load_store()
     if store is None or key not in store["processors"]:
         return None
-    spec = store["processors"][key]
-    return StoredHFProcessor(spec, store["tokenizers"][spec["tokenizer"]], build)
+    versions = _versions()
+    if store["versions"] == versions:
+        spec = store["processors"][key]
+        return StoredHFProcessor(spec, store["tokenizers"][spec["tokenizer"]], build)
+    path = _cache_file(key, versions)
+    try:
+        kept = json.loads(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        kept = None
+    if kept is not None:
+        return StoredHFProcessor(kept["spec"], kept["tokenizer"], build)
+    hf_processor = build()
+    if path is not None:
+        _remember(path, hf_processor)
+    return hf_processor

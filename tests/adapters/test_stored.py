@@ -21,7 +21,7 @@ from aiomm.adapters._stored import (
     StoredHFProcessor,
     build_store,
     hf_class_name,
-    stored_hf_processor,
+    offline_hf_processor,
 )
 from aiomm.processing.image_ops import Backend
 from aiomm.processing.processor import MultiModalConfig
@@ -99,20 +99,31 @@ def test_paths_beyond_the_snapshot_build_the_real_processor() -> None:
     assert stored.hf_processor.image_processor.size.longest_edge == 1003520
 
 
-def test_a_snapshot_of_other_versions_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_under_other_versions_the_first_build_keeps_a_snapshot_in_the_cache_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The shipped snapshot is only for its own versions; under others the first start builds
+    the HF processor and keeps its snapshot, which the next start uses."""
     from aiomm.adapters import _stored
 
-    _stored._load_store.cache_clear()
     monkeypatch.setattr(_stored, "_versions", lambda: {"transformers": "0", "tokenizers": "0"})
-    try:
-        assert stored_hf_processor("qwen2-vl/torchvision", lambda: None) is None
-        hf = build_processor("qwen2-vl").hf_processor
-        assert type(hf).__name__ == "Qwen2VLProcessor"
-    finally:
-        monkeypatch.undo()
-        _stored._load_store.cache_clear()
-    assert stored_hf_processor("qwen2-vl/torchvision", lambda: None) is not None
-    assert stored_hf_processor("glm-4v/torchvision", lambda: None) is None
+    monkeypatch.setenv("AIOMM_CACHE_DIR", str(tmp_path))
+    first = build_processor("qwen2-vl").hf_processor
+    assert type(first).__name__ == "Qwen2VLProcessor"
+    assert [p.name for p in tmp_path.rglob("*.json")] == ["qwen2-vl--torchvision.json"]
+    second = build_processor("qwen2-vl")
+    assert isinstance(second.hf_processor, StoredHFProcessor)
+    assert second._resolve_params({}) == build_processor("qwen2-vl", first)._resolve_params({})
+    ids = second.hf_processor.tokenizer(PROMPTS[0], add_special_tokens=False)
+    assert ids == dict(first.tokenizer(PROMPTS[0], add_special_tokens=False))
+    assert not second.hf_processor.built
+    # no cache folder: built every time; architectures without a snapshot are not cached
+    monkeypatch.setenv("AIOMM_CACHE_DIR", "")
+    assert type(build_processor("qwen2-vl", backend="pil").hf_processor).__name__ == (
+        "Qwen2VLProcessor"
+    )
+    assert offline_hf_processor("glm-4v/torchvision", lambda: None) is None
+    assert len(list(tmp_path.rglob("*.json"))) == 1
 
 
 def test_the_embedded_default_starts_without_transformers_or_torchvision() -> None:
