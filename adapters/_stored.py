@@ -89,6 +89,9 @@ class StoredImageProcessor(_StoredPart):
             __required_keys__=frozenset(), __optional_keys__=names
         )
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._real()(*args, **kwargs)
+
 
 class StoredTokenizer(_StoredPart):
     """The offline tokenizer from its stored ``tokenizer.json``: a text encodes as the HF fast

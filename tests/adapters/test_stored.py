@@ -97,6 +97,9 @@ def test_paths_beyond_the_snapshot_build_the_real_processor() -> None:
     assert type(pickle.loads(pickle.dumps(stored.hf_processor))) is type(real_hf)
     assert stored.hf_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>") == 37
     assert stored.hf_processor.image_processor.size.longest_edge == 1003520
+    out = stored.hf_processor.image_processor(images=[image], return_tensors="pt")
+    theirs = real_hf.image_processor(images=[image], return_tensors="pt")
+    assert torch.equal(out["pixel_values"], theirs["pixel_values"])
 
 
 def test_under_other_versions_the_first_build_keeps_a_snapshot_in_the_cache_folder(
