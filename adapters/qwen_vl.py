@@ -46,6 +46,7 @@ import torch
 
 from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import resolve_params, size_edges
+from aiomm.adapters._stored import hf_class_name
 from aiomm.adapters._text_ids import TextIds
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
@@ -419,7 +420,7 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         super().__init__(hf_processor, **kwargs)
         self.image_token_id: int = int(hf_processor.image_token_id)
         self.video_processor: Any = getattr(hf_processor, "video_processor", None)
-        name = type(hf_processor).__name__
+        name = hf_class_name(hf_processor)
         has_video = self.video_processor is not None
         #: Qwen3-VL: timestamps interleaved in the video prompt (module docstring)
         self.timestamps = has_video and name in _TIMESTAMP_VIDEO_PROCESSORS

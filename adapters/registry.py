@@ -22,6 +22,7 @@ a module: the same order whatever was imported first.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import json
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from aiomm.adapters._stored import offline_hf_processor
 from aiomm.errors import ConfigError, UnknownArchitectureError
 from aiomm.processing.processor import BaseMultiModalProcessor, MultiModalConfig
 
@@ -152,13 +154,19 @@ def build_processor(
     """Build an adapter's processor from an HF processor given in code.
 
     Without ``hf_processor``, the reference processor is built offline from the architecture's
-    documented parameters (with a tokenizer built in code), using ``backend``'s image processor.
+    documented parameters (with a tokenizer built in code), using ``backend``'s image processor;
+    where a snapshot of it is stored (``adapters/_stored.py``), it is built only when a path
+    needs more than the snapshot holds (or once, where the installed transformers differs from
+    the snapshot's, whose snapshot is then kept in the user's cache folder).
 
     :raises UnknownArchitectureError: if no adapter has that name.
     """
     info = get_adapter_info(name)
     if hf_processor is None:
-        hf_processor = info.build_hf_processor(backend=backend)
+        build = functools.partial(info.build_hf_processor, backend=backend)
+        hf_processor = offline_hf_processor(f"{info.short_name}/{backend}", build)
+        if hf_processor is None:
+            hf_processor = build()
     return info.processor_cls(hf_processor, config=config)
 
 

@@ -282,7 +282,7 @@ class _GuardedTransport(httpx.AsyncHTTPTransport):
 
 class _State(enum.Enum):
     UNOPENED = "unopened"  # created; ``async with`` (or ``__aenter__``) not yet called
-    OPENED = "opened"  # the HTTP client exists and fetches are accepted
+    OPENED = "opened"  # fetches are accepted (the HTTP client is made at the first network one)
     CLOSED = "closed"  # ``aclose()`` ran; the fetcher cannot be reopened
 
 
@@ -321,6 +321,14 @@ class MediaFetcher:
             raise RuntimeError(
                 f"a MediaFetcher can be opened once; this one is {self._state.value}"
             )
+        # the HTTP client (its TLS context loads the CA bundle: a tenth of a second) is made at
+        # the first network fetch, so an engine serving files and inline images never waits on it
+        self._state = _State.OPENED
+        return self
+
+    def _http_client(self) -> httpx.AsyncClient:
+        if self._client is not None:
+            return self._client
         cfg = self.config
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
         self._client = httpx.AsyncClient(
@@ -341,8 +349,7 @@ class MediaFetcher:
             cookies=_no_cookies(),
             headers={"User-Agent": cfg.user_agent, "Accept-Encoding": "identity"},
         )
-        self._state = _State.OPENED
-        return self
+        return self._client
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -438,13 +445,13 @@ class MediaFetcher:
     # -- http(s) -------------------------------------------------------------------------------
 
     async def _fetch_http(self, url: str) -> bytes:
-        assert self._client is not None
+        client = self._http_client()
         current = url
         redirects = 0
         while True:
             target = _parse_http_url(current, first=redirects == 0)
             try:
-                async with self._client.stream("GET", target) as response:
+                async with client.stream("GET", target) as response:
                     if response.has_redirect_location:
                         if redirects == self.config.max_redirects:
                             raise TooManyRedirectsError(

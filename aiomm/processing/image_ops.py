@@ -63,6 +63,9 @@ class Backend(enum.Enum):
 
 def backend_of(image_processor: Any) -> Backend:
     """The backend an HF image processor runs on (``*Pil`` classes: PIL; else torchvision)."""
+    named = getattr(image_processor, "backend", None)  # HF's property, or a stored snapshot's
+    if isinstance(named, str) and named in Backend._value2member_map_:
+        return Backend(named)
     from transformers.image_processing_backends import PilBackend
 
     return Backend.PIL if isinstance(image_processor, PilBackend) else Backend.TORCHVISION

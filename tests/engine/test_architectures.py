@@ -59,7 +59,10 @@ def _engine(name: str, backend: str, *, reference: bool, cache: bool = True) -> 
         cache_capacity_bytes=(64 << 20) if cache else 0,
         processing=processing,
     )
-    return Engine(build_processor(name, hf_processor(name, backend), config=processing), config)
+    # the fast path builds by name (a stored snapshot where there is one: adapters/_stored.py),
+    # the reference over the real HF processor
+    hf = hf_processor(name, backend) if reference else None
+    return Engine(build_processor(name, hf, config=processing, backend=backend), config)
 
 
 def _prompt(engine: Engine, n: int) -> str:

@@ -1,0 +1,153 @@
+"""adapters/_stored.py: the shipped snapshots equal fresh ones, and a processor built from a
+snapshot behaves as the one built over the real HF processor, which it builds only on demand."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from aiomm.adapters import build_processor, get_adapter_info
+from aiomm.adapters._store_update import builders, stored_names
+from aiomm.adapters._stored import (
+    STORE,
+    StoredHFProcessor,
+    build_store,
+    hf_class_name,
+    offline_hf_processor,
+)
+from aiomm.processing.image_ops import Backend
+from aiomm.processing.processor import MultiModalConfig
+from aiomm.samples import photo_like
+
+PROMPTS = (
+    "<|im_start|>user <|vision_start|><|image_pad|><|vision_end|> describe  the\n image<|im_end|>",
+    "unknown words, punctuation!  <|vision_start|><|video_pad|><|vision_end|>",
+    "",
+    "   ",
+    "<|endoftext|><|im_start|>assistant",
+)
+
+
+def test_the_shipped_store_equals_a_fresh_snapshot() -> None:
+    """Regenerate with ``python -P -m aiomm.adapters._store_update`` when this fails."""
+    shipped = json.loads(STORE.read_text())
+    fresh = json.loads(json.dumps(build_store(builders())))
+    assert shipped == fresh
+    assert "qwen2-vl/torchvision" in shipped["processors"]  # the embedded default
+    assert set(stored_names()) >= {"qwen2-vl", "qwen2.5-vl", "qwen3-vl"}
+
+
+@pytest.mark.parametrize("backend", ["torchvision", "pil"])
+def test_build_processor_uses_the_snapshot_and_matches_the_real_processor(backend: str) -> None:
+    stored = build_processor("qwen2-vl", backend=backend)
+    assert isinstance(stored.hf_processor, StoredHFProcessor)
+    real_hf = get_adapter_info("qwen2-vl").build_hf_processor(backend=backend)
+    real = build_processor("qwen2-vl", real_hf)
+    assert stored.backend is real.backend is Backend(backend)
+    assert stored.allowed_hf_kwargs() == real.allowed_hf_kwargs()
+    assert stored.max_kept_pixels() == real.max_kept_pixels()
+    assert stored._resolve_params({}) == real._resolve_params({})
+    assert stored._resolve_video_params({}) == real._resolve_video_params({})
+    assert stored.supports_video and stored._seconds_per_grid == real._seconds_per_grid
+    assert hf_class_name(stored.hf_processor) == type(real_hf).__name__
+    for text in PROMPTS:
+        for special in (True, False):
+            ours = stored.hf_processor.tokenizer(text, add_special_tokens=special)
+            assert ours == dict(real_hf.tokenizer(text, add_special_tokens=special)), text
+    image = photo_like(np.random.default_rng(7), 123, 301)
+    ids = stored.hf_processor.tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    ours, theirs = stored.apply(ids, {"image": [image]}), real.apply(ids, {"image": [image]})
+    assert ours.prompt_token_ids == theirs.prompt_token_ids
+    assert ours.mm_placeholders == theirs.mm_placeholders
+    for key, value in theirs.merged_kwargs().items():
+        assert torch.equal(ours.merged_kwargs()[key], value), key
+    assert ours.normalization == theirs.normalization
+    # the native path never needed the real processor
+    assert not stored.hf_processor.built
+
+
+def test_paths_beyond_the_snapshot_build_the_real_processor() -> None:
+    """The classic CPU path normalises with the HF image processor's own operation and the
+    ``hf`` transform calls the HF processor: both build it, and equal the real one's output."""
+    image = photo_like(np.random.default_rng(3), 97, 140)
+    real_hf = get_adapter_info("qwen2-vl").build_hf_processor()
+    ids = real_hf.tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    for config in (
+        MultiModalConfig(mm_device_do_normalize=False),
+        MultiModalConfig(transform="hf"),
+    ):
+        stored = build_processor("qwen2-vl", config=config)
+        assert not stored.hf_processor.built
+        ours = stored.apply(ids, {"image": [image]}).merged_kwargs()
+        theirs = build_processor("qwen2-vl", real_hf, config=config)
+        assert stored.hf_processor.built
+        for key, value in theirs.apply(ids, {"image": [image]}).merged_kwargs().items():
+            assert torch.equal(ours[key], value), (config, key)
+    # a copy (the hf path's per-thread clone) and a pickle are of the real processor
+    stored = build_processor("qwen2-vl")
+    assert type(copy.deepcopy(stored.hf_processor)) is type(real_hf)
+    assert type(pickle.loads(pickle.dumps(stored.hf_processor))) is type(real_hf)
+    assert stored.hf_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>") == 37
+    assert stored.hf_processor.image_processor.size.longest_edge == 1003520
+    out = stored.hf_processor.image_processor(images=[image], return_tensors="pt")
+    theirs = real_hf.image_processor(images=[image], return_tensors="pt")
+    assert torch.equal(out["pixel_values"], theirs["pixel_values"])
+
+
+def test_under_other_versions_the_first_build_keeps_a_snapshot_in_the_cache_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The shipped snapshot is only for its own versions; under others the first start builds
+    the HF processor and keeps its snapshot, which the next start uses."""
+    from aiomm.adapters import _stored
+
+    monkeypatch.setattr(_stored, "_versions", lambda: {"transformers": "0", "tokenizers": "0"})
+    monkeypatch.setenv("AIOMM_CACHE_DIR", str(tmp_path))
+    first = build_processor("qwen2-vl").hf_processor
+    assert type(first).__name__ == "Qwen2VLProcessor"
+    assert [p.name for p in tmp_path.rglob("*.json")] == ["qwen2-vl--torchvision.json"]
+    second = build_processor("qwen2-vl")
+    assert isinstance(second.hf_processor, StoredHFProcessor)
+    assert second._resolve_params({}) == build_processor("qwen2-vl", first)._resolve_params({})
+    ids = second.hf_processor.tokenizer(PROMPTS[0], add_special_tokens=False)
+    assert ids == dict(first.tokenizer(PROMPTS[0], add_special_tokens=False))
+    assert not second.hf_processor.built
+    # no cache folder: built every time; architectures without a snapshot are not cached
+    monkeypatch.setenv("AIOMM_CACHE_DIR", "")
+    assert type(build_processor("qwen2-vl", backend="pil").hf_processor).__name__ == (
+        "Qwen2VLProcessor"
+    )
+    assert offline_hf_processor("glm-4v/torchvision", lambda: None) is None
+    assert len(list(tmp_path.rglob("*.json"))) == 1
+
+
+def test_the_embedded_default_starts_without_transformers_or_torchvision() -> None:
+    """A fresh process builds the embedded default's engine and serves a request."""
+    code = (
+        "import sys, anyio, numpy as np\n"
+        "from aiomm import Engine, EngineConfig, Request\n"
+        "from aiomm.samples import encode, photo_like\n"
+        "engine = Engine.from_pretrained('qwen2-vl', EngineConfig(device='cpu'))\n"
+        "data = encode(photo_like(np.random.default_rng(0), 64, 96))\n"
+        "prompt = '<|vision_start|><|image_pad|><|vision_end|> describe'\n"
+        "async def main():\n"
+        "    async with engine:\n"
+        "        r = await engine.process(Request(prompt=prompt, images=[data]))\n"
+        "        assert r.ok, r.error\n"
+        "anyio.run(main)\n"
+        "print(sorted(m for m in ('transformers', 'torchvision', 'torch._dynamo', 'triton')"
+        " if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, cwd=Path.home()
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
