@@ -124,6 +124,8 @@ def _run_sizes(args: argparse.Namespace) -> int:
         concurrency=args.max_in_flight,
         repeats=args.size_repeats,
         seed=args.seed,
+        vllm_python=args.vllm_python,
+        out=args.out,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "sizes.json"

@@ -8,6 +8,9 @@ image a request, as chat traffic sends them), side by side in one process and on
   transform's compact uint8 rows, no CPU merge) copied into one reused staging buffer, as the
   device stage copies them into pinned memory before the H2D copy and the normalise kernel;
 - ``hf-threads``: Pillow decode, then the HF processor per request in ``asyncio.to_thread``;
+- ``vllm`` (with ``--vllm-python``): vLLM 0.33's processor path (``bench/_vllm_worker.py``: Pillow
+  decode in a media pool, ``processor.apply`` on the event loop), run once per class in its own
+  environment after the interleaved runs;
 - ``floor``: the single-thread CPU time of decode + resize alone (the engine's own functions),
   divided by the cores: the ideal of a machine with every core free;
 - ``floor (run)``: the same decode + resize run for real in the transform threads, interleaved
@@ -32,11 +35,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import json
 import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -253,6 +258,44 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
+def vllm_run(
+    sc: SizeClass, python: str, out: Path, *, threads: int, concurrency: int, seed: int
+) -> Run | None:
+    """vLLM's own processor path (``bench/_vllm_worker.py`` in ``python``'s environment) on the
+    class's images, one a request, the same closed loop; None (and the reason printed) when the
+    worker fails."""
+    from .systems.vllm import run_vllm
+
+    folder = out / f"vllm_sizes_{sc.size}"
+    folder.mkdir(parents=True, exist_ok=True)
+    images = []
+    for k, (data, fmt) in enumerate(zip(sc.images, sc.formats, strict=True)):
+        name = f"img_{k:05d}.{'png' if fmt == 'PNG' else 'jpg'}"
+        (folder / name).write_bytes(data)
+        images.append({"file": name, "format": fmt})
+    requests = [{"prompt": PROMPT, "images": [k]} for k in range(len(images))]
+    (folder / "manifest.json").write_text(json.dumps({"images": images, "requests": requests}))
+    job = {
+        "workload": str(folder),
+        "vllm_cache": "none",  # every image is unique; aiomm's cache is off too
+        "media_threads": threads,
+        "loop": "uvloop",
+        "requests": len(images),
+        "concurrency": concurrency,
+        "open_factors": [],
+        "seed": seed,
+        "window_s": 0.0,
+        "drain_s": 0.0,
+        "exact_requests": [],
+    }
+    rec = run_vllm(job, python, out)
+    if rec.get("status") != "ok":
+        print(f"vllm at {sc.size}: {rec.get('status')}: {rec.get('reason')}")
+        return None
+    closed = rec["closed"]
+    return Run(closed["images_per_s"], closed["cpu_s"] / max(1, closed["images"]) * 1000)
+
+
 def run_sizes(
     sizes: Sequence[int],
     *,
@@ -261,8 +304,14 @@ def run_sizes(
     concurrency: int = 8,
     repeats: int = 2,
     seed: int = 0,
+    vllm_python: str | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
-    """Measure every size class; a JSON-friendly record (see :func:`report_sizes`)."""
+    """Measure every size class; a JSON-friendly record (see :func:`report_sizes`).
+
+    With ``vllm_python`` (a vLLM 0.33 environment's interpreter) vLLM's processor path is
+    measured on every class too (its worker writes under ``out``).
+    """
     threads = threads or cores()
     keep_pillow_blocks(EngineConfig(transform_threads=threads).pillow_blocks_kept())
     tune_malloc()
@@ -293,6 +342,17 @@ def run_sizes(
                     runs_of.append(systems.aiomm(jpegs, device=False, fidelity=fidelity))
         floor = systems.floor(sc.images)
         best = {k: _best(v) for k, v in runs.items()}
+        if vllm_python:
+            vllm = vllm_run(
+                sc,
+                vllm_python,
+                out or Path("results/stream_bench"),
+                threads=threads,
+                concurrency=concurrency,
+                seed=seed,
+            )
+            if vllm is not None:
+                best["vllm"] = vllm
         best_fast = {k: _best(v) for k, v in fast.items()}
         exact_rows = systems.rows(sc.images, fidelity="exact")
         fast_rows = systems.rows(sc.images, fidelity="fast")
@@ -345,13 +405,24 @@ def report_sizes(record: dict[str, Any]) -> str:
         hf, floor = s["hf-threads"]["images_per_s"], s["floor"]["images_per_s"]
         run = s["floor (run)"]["images_per_s"]
         floor_cpu = s["floor"]["cpu_ms_per_image"]
-        for name in ("aiomm float32", "aiomm uint8", "hf-threads", "floor (run)", "floor"):
+        for name in ("aiomm float32", "aiomm uint8", "hf-threads", "vllm", "floor (run)", "floor"):
+            if name not in s:
+                continue
             r = s[name]
             lines.append(
                 f"{c['size']:>6} {c['mean_mp']:>5.2f} {name:<14} {r['images_per_s']:>8.1f} "
                 f"{r['cpu_ms_per_image']:>11.2f} {r['images_per_s'] / hf:>9.2f} "
                 f"{r['images_per_s'] / floor:>8.2f} {r['images_per_s'] / run:>12.2f} "
                 f"{floor_cpu / r['cpu_ms_per_image']:>14.2f}"
+            )
+    for c in record["classes"]:
+        s = c["systems"]
+        if "vllm" in s:
+            a, v = s["aiomm uint8"], s["vllm"]
+            speed = a["images_per_s"] / v["images_per_s"]
+            cpu = a["cpu_ms_per_image"] / v["cpu_ms_per_image"]
+            lines.append(
+                f"{c['size']:>6}: aiomm uint8 / vllm images/s x{speed:.2f}, CPU/image x{cpu:.2f}"
             )
     lines += [
         "",
