@@ -71,3 +71,34 @@ def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
     )
     for label in labels:
         assert label in printed
+
+
+def test_vllm_job_is_a_workload_the_worker_reads(
+    sb: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM cannot run in CI: check what its worker would be given (the worker's own reader)."""
+    from stream_bench import workload
+    from stream_bench.systems import vllm
+
+    sc = sb.sizes.make_class(300, 3, seed=1)
+    seen = {}
+
+    def fake_run_vllm(job: dict, python: str, out: Path) -> dict:
+        seen.update(job=job, python=python)
+        wl = workload.load_workload(Path(job["workload"]))
+        assert wl.data == sc.images  # the class's own bytes, one request each, in order
+        assert [r.images for r in wl.requests] == [[0], [1], [2]]
+        assert {r.prompt for r in wl.requests} == {sb.sizes.PROMPT}
+        n = len(wl.requests)
+        return {"status": "ok", "closed": {"images_per_s": 10.0, "cpu_s": 0.3, "images": n}}
+
+    monkeypatch.setattr(vllm, "run_vllm", fake_run_vllm)
+    run = sb.sizes.vllm_run(sc, "/venv/bin/python", tmp_path, threads=2, concurrency=4, seed=0)
+    assert run.images_per_s == 10.0 and run.cpu_ms_per_image == pytest.approx(100.0)
+    job = seen["job"]
+    assert seen["python"] == "/venv/bin/python"
+    assert job["concurrency"] == 4 and job["media_threads"] == 2 and job["requests"] == 3
+    assert job["open_factors"] == [] and job["vllm_cache"] == "none"
+
+    monkeypatch.setattr(vllm, "run_vllm", lambda *a: {"status": "failed", "reason": "no vllm"})
+    assert sb.sizes.vllm_run(sc, "/x", tmp_path, threads=1, concurrency=1, seed=0) is None
