@@ -8,8 +8,9 @@ P/L/RGB) is composited on white; every other mode goes through Pillow's ``conver
 given to ``Engine.process`` is never decoded here.
 
 :class:`VllmDecoder` is a :class:`~aiomm.stages.transform.Decoder`: pass it to ``Engine(...,
-decoder=...)``. :func:`converts_mode` tells whether decoding changes the image mode, which vLLM
-folds into the item's hash (see :mod:`aiomm.server.mm_hash`).
+decoder=...)``; its ``probe_video`` reads a video's header as vLLM does
+(:mod:`aiomm.server.video_media`). :func:`converts_mode` tells whether decoding changes the image
+mode, which vLLM folds into the item's hash (see :mod:`aiomm.server.mm_hash`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from aiomm.config import DecodeConfig
 from aiomm.decode import DEFAULT_FORMATS, open_image
 from aiomm.errors import DecodeError, ImageTooLargeError
 from aiomm.stages import PillowDecoder
+from aiomm.video import VideoInfo
+
+from .video_media import probe_video_vllm
 
 __all__ = ("VllmDecoder", "converts_mode", "load_image")
 
@@ -104,3 +108,11 @@ class VllmDecoder(PillowDecoder):
     def decode(self, data: bytes) -> np.ndarray:
         """:raises DecodeError, ImageTooLargeError: see :func:`load_image`."""
         return load_image(data, **self.limits)[0]
+
+    def probe_video(self, data: bytes) -> VideoInfo:
+        """A video's header as vLLM's OpenCV capture reports it (the frames it samples from).
+
+        :raises DecodeError, EmptyVideoError: see
+            :func:`aiomm.server.video_media.probe_video_vllm`.
+        """
+        return probe_video_vllm(data)

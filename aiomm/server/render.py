@@ -1,9 +1,11 @@
 """The render service: a parsed request -> vLLM's ``GenerateRequest`` JSON object.
 
-Images are fetched (``data:`` URLs decoded, ``http(s)`` through the SSRF-guarded fetcher, ``file:``
-under the allowed root), hashed as vLLM hashes them (:mod:`.mm_hash`) and processed by the engine
-(decoded with vLLM's rule, :mod:`.media`); each item is then written in vLLM's msgpack layout
-(:mod:`.kwargs_codec`). A client ``uuid`` is the item's mm_hash and its cache key, as in vLLM.
+Images and videos are fetched (``data:`` URLs decoded, ``http(s)`` through the SSRF-guarded
+fetcher, ``file:`` under the allowed root), hashed as vLLM hashes them (:mod:`.mm_hash`) and
+processed by the engine (images decoded with vLLM's rule, :mod:`.media`; videos probed and
+sampled as vLLM's loader does, :mod:`.video_media`); each item is then written in vLLM's msgpack
+layout (:mod:`.kwargs_codec`). A client ``uuid`` is the item's mm_hash and its cache key, as in
+vLLM.
 """
 
 from __future__ import annotations
@@ -33,14 +35,16 @@ from aiomm.processing.fields import (
     Repeat,
 )
 from aiomm.types import Request, Result
+from aiomm.video import VideoInfo, decode_video, sampled_bytes
 
 from .chat_template import ChatRenderer
 from .content import ImagePart, Parsed
 from .errors import ApiError, from_aiomm_error
 from .kwargs_codec import Field, encode_item_b64
 from .media import converts_mode
-from .mm_hash import image_mm_hash
+from .mm_hash import image_mm_hash, video_mm_hash
 from .sampling import SamplingDefaults, derive
+from .video_media import VLLM_VIDEO_KWARGS, hash_metadata, probe_video_vllm, sample_indices
 
 __all__ = (
     "RenderLimits",
@@ -54,7 +58,7 @@ __all__ = (
 #: keys vLLM keeps on the CPU (sent again as ``mm_metadata``)
 _KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw"})
 #: wire order of an item's keys (vLLM's with PYTHONHASHSEED=0); other keys follow
-_KEY_ORDER = ("pixel_values", "image_grid_thw")
+_KEY_ORDER = ("pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos")
 _HASH_ON_LOOP_BYTES = 1 << 20
 
 
@@ -64,6 +68,9 @@ class RenderLimits:
 
     max_images: int = 16
     timeout_s: float = 120.0
+    max_videos: int = 4
+    #: encoded bytes of one video at most (the fetcher's ``max_bytes`` applies first)
+    max_video_bytes: int = 64 << 20
 
 
 @dataclass
@@ -114,7 +121,7 @@ class RenderService:
             raise ApiError(f"The model `{model}` does not exist.", status=404, param="model")
         return str(model)
 
-    async def _image_bytes(self, part: ImagePart) -> bytes:
+    async def _media_bytes(self, part: ImagePart) -> bytes:
         try:
             if part.url[:5].lower() == "data:":
                 return self._data_url(part.url)
@@ -187,6 +194,12 @@ class RenderService:
                 f"too many images: {len(parsed.images)}, the limit is "
                 f"{self.limits.max_images} per request"
             )
+        if len(parsed.videos) > self.limits.max_videos:
+            raise ApiError(
+                f"too many videos: {len(parsed.videos)}, the limit is "
+                f"{self.limits.max_videos} per request",
+                param="video_url",
+            )
         template_kwargs = dict(body.get("chat_template_kwargs") or {})
         add_gen = bool(body.get("add_generation_prompt", True))
         cont = bool(body.get("continue_final_message", False))
@@ -199,15 +212,15 @@ class RenderService:
         features = None
         cache_hits = 0
         timings: dict[str, float] = {}
-        if parsed.images:
+        if parsed.images or parsed.videos:
             try:
                 with anyio.fail_after(self.limits.timeout_s):
                     features, prompt_ids, cache_hits, timings = await self._features(
-                        parsed.images, prompt_ids, tensors=payload == "tensors"
+                        parsed.images, parsed.videos, prompt_ids, tensors=payload == "tensors"
                     )
             except TimeoutError:
                 raise ApiError(
-                    f"the request's images took longer than {self.limits.timeout_s} s",
+                    f"the request's media took longer than {self.limits.timeout_s} s",
                     status=408,
                     type="TimeoutError",
                 ) from None
@@ -237,7 +250,7 @@ class RenderService:
             self._generate_request(
                 id_prefix, prompt_ids, features, sampling, model, body, parse_context
             ),
-            len(parsed.images),
+            len(parsed.images) + len(parsed.videos),
             cache_hits,
             timings,
         )
@@ -294,16 +307,49 @@ class RenderService:
             body=body,
         )
 
+    async def _video_hash(self, part: ImagePart, data: bytes) -> str:
+        """vLLM's mm_hash of a video: over its bytes and its loader's metadata (the header is
+        probed and the frames sampled as vLLM does; the frames decoded only when vLLM hashes them
+        instead of the bytes)."""
+        if len(data) > self.limits.max_video_bytes:
+            raise ApiError(
+                f"a video of {len(data)} bytes is above the limit of "
+                f"{self.limits.max_video_bytes} bytes",
+                param="video_url",
+            )
+        if part.uuid:
+            return part.uuid
+        try:
+            info = await anyio.to_thread.run_sync(probe_video_vllm, data)
+            indices = sample_indices(info)
+            frames = None
+            if sampled_bytes(info, len(indices)) < len(data):
+                frames = (
+                    await anyio.to_thread.run_sync(_decode_sampled, data, info, indices)
+                ).frames
+        except AiommError as exc:
+            raise from_aiomm_error(exc) from exc
+        return video_mm_hash(data, self.model_id, hash_metadata(info, indices), frames)
+
     async def _features(
-        self, parts: list[ImagePart], prompt_ids: list[int], *, tensors: bool
+        self,
+        images: list[ImagePart],
+        videos: list[ImagePart],
+        prompt_ids: list[int],
+        *,
+        tensors: bool,
     ) -> tuple[dict[str, Any], list[int], int, dict[str, float]]:
-        n = len(parts)
+        parts = [*images, *videos]
+        n, n_images = len(parts), len(images)
         data: list[bytes] = [b""] * n
         hashes: list[str] = [""] * n
 
         async def load(i: int) -> None:
-            data[i] = await self._image_bytes(parts[i])
-            hashes[i] = parts[i].uuid or await self._mm_hash(data[i])
+            data[i] = await self._media_bytes(parts[i])
+            if i < n_images:
+                hashes[i] = parts[i].uuid or await self._mm_hash(data[i])
+            else:
+                hashes[i] = await self._video_hash(parts[i], data[i])
 
         if n == 1:
             await load(0)
@@ -311,20 +357,34 @@ class RenderService:
             async with anyio.create_task_group() as tg:
                 for i in range(n):
                     tg.start_soon(load, i)
+        request = Request(
+            prompt_token_ids=prompt_ids,
+            images=data[:n_images],
+            image_hashes=hashes[:n_images],
+            videos=data[n_images:],
+            # vLLM's loader samples every video (fps 2), whatever the HF processor's default
+            mm_processor_kwargs=VLLM_VIDEO_KWARGS if videos else None,
+        )
         try:
-            result = await self.engine.process(
-                Request(prompt_token_ids=prompt_ids, images=data, image_hashes=hashes)
-            )
+            result = await self.engine.process(request)
         except AiommError as exc:
             raise from_aiomm_error(exc) from exc
         hits = sum(1 for c in result.cache if c.value == "hit")
-        feats = generate_request_features(result, hashes, tensors=False)
+        by_modality = {"image": hashes[:n_images], "video": hashes[n_images:]}
+        feats = generate_request_features(result, by_modality, tensors=False)
         if tensors:
             # orjson fragments: the response encoder copies them without scanning
             kwargs_data, metadata = encode_items(result.items)
-            feats["kwargs_data"] = {"image": kwargs_data}
-            feats["mm_metadata"] = {"image": metadata}
+            feats["kwargs_data"], feats["mm_metadata"] = {}, {}
+            for modality in feats["mm_hashes"]:
+                picked = [i for i, item in enumerate(result.items) if item.modality == modality]
+                feats["kwargs_data"][modality] = [kwargs_data[i] for i in picked]
+                feats["mm_metadata"][modality] = [metadata[i] for i in picked]
         return feats, result.prompt_token_ids, hits, result.timings
+
+
+def _decode_sampled(data: bytes, info: VideoInfo, indices: list[int]) -> Any:
+    return decode_video(data, lambda _: indices, info=info)
 
 
 def vllm_mm_hash(data: bytes, model_id: str) -> str:
@@ -343,26 +403,35 @@ def vllm_mm_hash(data: bytes, model_id: str) -> str:
 
 
 def generate_request_features(
-    result: Result, hashes: Sequence[str], *, tensors: bool = True
+    result: Result,
+    hashes: Sequence[str] | Mapping[str, Sequence[str]],
+    *,
+    tensors: bool = True,
 ) -> dict[str, Any]:
     """vLLM's ``GenerateRequest.features`` of an engine result made with
-    ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes
-    (:func:`vllm_mm_hash`, or the client's), ``tensors=False`` leaves the payload out.
-    JSON-ready (plain strings)."""
-    placeholders = [
-        {"offset": r.offset, "length": r.length} for r in result.mm_placeholders.get("image", [])
-    ]
+    ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes (:func:`vllm_mm_hash`
+    or the client's; a sequence for images, or a mapping per modality), ``tensors=False`` leaves
+    the payload out. JSON-ready (plain strings)."""
+    per_modality = {"image": hashes} if not isinstance(hashes, Mapping) else hashes
+    per_modality = {m: list(h) for m, h in per_modality.items() if h}
     features: dict[str, Any] = {
-        "mm_hashes": {"image": list(hashes)},
-        "mm_placeholders": {"image": placeholders},
+        "mm_hashes": per_modality,
+        "mm_placeholders": {
+            m: [{"offset": r.offset, "length": r.length} for r in result.mm_placeholders.get(m, [])]
+            for m in per_modality
+        },
         "kwargs_data": None,
         "mm_metadata": None,
     }
     if tensors:
         kwargs_data, metadata = encode_items(result.items)
         # fragments are JSON strings already; one dumps + loads turns them into plain strings
-        features["kwargs_data"] = {"image": orjson.loads(orjson.dumps(kwargs_data))}
-        features["mm_metadata"] = {"image": orjson.loads(orjson.dumps(metadata))}
+        kwargs_data, metadata = orjson.loads(orjson.dumps([kwargs_data, metadata]))
+        features["kwargs_data"], features["mm_metadata"] = {}, {}
+        for m in per_modality:
+            picked = [i for i, item in enumerate(result.items) if item.modality == m]
+            features["kwargs_data"][m] = [kwargs_data[i] for i in picked]
+            features["mm_metadata"][m] = [metadata[i] for i in picked]
     return features
 
 
@@ -449,14 +518,13 @@ def encode_items(
     as vLLM's do).
     """
     slices: dict[str, list[Any]] = {}
-    for key in _ordered(items[0].data) if items else ():
-        start, runs = 0, []
-        for item in items:
-            value = item.data[key]
+    starts: dict[str, int] = {}
+    for item in items:  # per key, over the items that have it (an image has no video keys)
+        for key, value in item.data.items():
             rows = int(value.shape[0]) if isinstance(value, torch.Tensor) else 1
-            runs.append([[start, start + rows, None]])
-            start += rows
-        slices[key] = runs
+            start = starts.get(key, 0)
+            slices.setdefault(key, []).append([[start, start + rows, None]])
+            starts[key] = start + rows
     kwargs_data, metadata = [], []
     for item in items:
         # each item is expanded and encoded before the next reuses the expansion buffer

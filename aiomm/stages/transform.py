@@ -51,6 +51,10 @@ class Decoder(Protocol):
         ...
 
 
+#: a decoder may also define ``probe_video(data) -> VideoInfo``: the video header its frames are
+#: sampled from (default :func:`aiomm.video.probe_video`, HF's ``read_video_pyav`` rule)
+
+
 class PillowDecoder:
     """The default decoder: Pillow, with the limits of a :class:`DecodeConfig`.
 
@@ -185,7 +189,8 @@ class TransformStage(Stage):
             load: Callable[[], VideoClip]
             if isinstance(raw, (bytes, bytearray, memoryview)):
                 data = bytes(raw)
-                info = await anyio.to_thread.run_sync(probe_video, data, limiter=self.limiter)
+                probe = getattr(self.decoder, "probe_video", probe_video)
+                info = await anyio.to_thread.run_sync(probe, data, limiter=self.limiter)
                 indices = processor.sample_frames(info, kwargs)
                 check_budget(info, indices, **limits._asdict())
                 nbytes = sampled_bytes(info, len(indices))

@@ -12,6 +12,8 @@ The recorded fixtures came from vLLM 0.33.0 (the ``shared/vllm_probe`` environme
 
 Each case is written as ``fixtures/<case>.json``: ``{"path", "body", "status", "response"}``.
 Images are small and seeded, embedded in the bodies as data URLs (the bytes the hashes cover).
+The video cases need the server started with videos allowed (``LIMIT_MM='{"image": 4, "video":
+2}'``); their clips are made here with PyAV (seeded frames, a few codecs and containers).
 """
 
 from __future__ import annotations
@@ -75,15 +77,54 @@ def images() -> dict[str, tuple[str, bytes]]:
     return out
 
 
+def _clip(codec: str, fmt: str, size: tuple[int, int], frames: int, fps: int, seed: int) -> bytes:
+    """A seeded clip: a moving gradient with a little noise (compresses to a few KB)."""
+    import av
+
+    width, height = size
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(frames):
+            rgb = np.stack(
+                [(x * 255 // width + 9 * i) % 256, (y * 255 // height + 5 * i) % 256, (x + y) // 2],
+                axis=-1,
+            ).astype(np.float32)
+            rgb = np.clip(rgb + rng.normal(0, 4, rgb.shape), 0, 255).astype(np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def videos() -> dict[str, tuple[str, bytes]]:
+    """name -> (mime type, encoded bytes): H.264/MP4, VP9/WebM (no frame count in the header),
+    MPEG-4 Part 2/MP4 and VP8/WebM, at sizes that are not multiples of the patch size."""
+    return {
+        "h264": ("video/mp4", _clip("libx264", "mp4", (96, 64), 20, 10, 11)),
+        "vp9": ("video/webm", _clip("libvpx-vp9", "webm", (78, 54), 16, 8, 12)),
+        "mpeg4": ("video/mp4", _clip("mpeg4", "mp4", (70, 50), 18, 6, 13)),
+        "vp8": ("video/webm", _clip("libvpx", "webm", (66, 90), 12, 4, 14)),
+    }
+
+
 def data_url(img: tuple[str, bytes]) -> str:
     return f"data:{img[0]};base64,{base64.b64encode(img[1]).decode()}"
 
 
 def cases() -> dict[str, tuple[str, dict[str, Any]]]:
     im = images()
+    vi = videos()
 
     def part(name: str, **extra: Any) -> dict[str, Any]:
         return {"type": "image_url", "image_url": {"url": data_url(im[name])}, **extra}
+
+    def video(name: str, **extra: Any) -> dict[str, Any]:
+        return {"type": "video_url", "video_url": {"url": data_url(vi[name])}, **extra}
 
     def chat(messages: list[dict[str, Any]], **extra: Any) -> tuple[str, dict[str, Any]]:
         return "/v1/chat/completions/render", {"model": MODEL, "messages": messages, **extra}
@@ -189,6 +230,45 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
                         "image_url": {
                             "url": "data:image/png;base64,"
                             + base64.b64encode(b"not an image").decode()
+                        },
+                    },
+                )
+            ]
+        ),
+        "video_h264": chat([user({"type": "text", "text": "Describe this video."}, video("h264"))]),
+        "video_webm_vp9": chat([user(video("vp9"), {"type": "text", "text": "What happens?"})]),
+        "video_and_image": chat(
+            [user({"type": "text", "text": "Compare."}, part("jpeg"), video("mpeg4"))]
+        ),
+        "video_two": chat(
+            [user({"type": "text", "text": "Compare."}, video("vp8"), video("h264"))]
+        ),
+        "video_mm_none": chat([user(text, video("vp9"), part("png"))], mm_payload="none"),
+        "video_uuid": chat([user(text, video("mpeg4", uuid="client-video-0001"))]),
+        "error_responses_video": (
+            "/v1/responses/render",
+            {
+                "model": MODEL,
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "Describe this video."},
+                            {"type": "video_url", "video_url": {"url": data_url(vi["vp8"])}},
+                        ],
+                    }
+                ],
+            },
+        ),
+        "error_bad_video": chat(
+            [
+                user(
+                    text,
+                    {
+                        "type": "video_url",
+                        "video_url": {
+                            "url": "data:video/mp4;base64,"
+                            + base64.b64encode(b"not a video at all").decode()
                         },
                     },
                 )

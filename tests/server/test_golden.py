@@ -2,7 +2,7 @@
 
 Every fixture in ``fixtures/`` is a request body and vLLM's response (see
 ``record_fixtures.py``); aiomm must give the same token ids, placeholders, mm_hashes, metadata,
-sampling params and tensors bit for bit, and its msgpack items must decode to the same
+sampling params and tensors bit for bit (images and videos), and its msgpack items must decode to the same
 structure (and, with vLLM's key order, the same bytes).
 """
 
@@ -57,9 +57,13 @@ def _compare(ours: dict[str, Any], theirs: dict[str, Any], name: str) -> None:
                 if f_theirs[part] is None:
                     assert f_ours[part] is None, (name, part)
                 else:
-                    _assert_items_equal(
-                        f_ours[part]["image"], f_theirs[part]["image"], f"{name}.{part}"
-                    )
+                    assert set(f_ours[part]) == set(f_theirs[part]), (name, part)
+                    for modality in f_theirs[part]:
+                        _assert_items_equal(
+                            f_ours[part][modality],
+                            f_theirs[part][modality],
+                            f"{name}.{part}.{modality}",
+                        )
         else:
             assert ours[key] == theirs[key], f"{name}: {key}"
 
@@ -97,6 +101,14 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
         "responses_input_image",
         "messages_anthropic",
         "chat_mm_none",
+        # videos (video_url parts): H.264/MP4, VP9/WebM, MPEG-4, VP8/WebM
+        "video_h264",
+        "video_webm_vp9",
+        "video_and_image",
+        "video_two",
+        "video_mm_none",
+        "video_uuid",
+        "error_bad_video",
     }
     assert wanted <= set(CASES)
     assert sum(p.stat().st_size for p in FIXTURES.glob("*.json")) < 4 << 20
