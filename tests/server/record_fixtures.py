@@ -101,6 +101,27 @@ def _clip(codec: str, fmt: str, size: tuple[int, int], frames: int, fps: int, se
     return buf.getvalue()
 
 
+def _noise_clip(size: int, frames: int, fps: int, seed: int) -> bytes:
+    """A nearly lossless H.264 clip of noise: larger than its sampled frames decoded, so vLLM
+    hashes the frames instead of the bytes."""
+    import av
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": "5"}
+        for _ in range(frames):
+            rgb = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
 def videos() -> dict[str, tuple[str, bytes]]:
     """name -> (mime type, encoded bytes): H.264/MP4, VP9/WebM (no frame count in the header),
     MPEG-4 Part 2/MP4 and VP8/WebM, at sizes that are not multiples of the patch size."""
@@ -109,6 +130,7 @@ def videos() -> dict[str, tuple[str, bytes]]:
         "vp9": ("video/webm", _clip("libvpx-vp9", "webm", (78, 54), 16, 8, 12)),
         "mpeg4": ("video/mp4", _clip("mpeg4", "mp4", (70, 50), 18, 6, 13)),
         "vp8": ("video/webm", _clip("libvpx", "webm", (66, 90), 12, 4, 14)),
+        "noise": ("video/mp4", _noise_clip(24, 20, 20, 15)),
     }
 
 
@@ -244,6 +266,7 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
             [user({"type": "text", "text": "Compare."}, video("vp8"), video("h264"))]
         ),
         "video_mm_none": chat([user(text, video("vp9"), part("png"))], mm_payload="none"),
+        "video_hashed_frames": chat([user(text, video("noise"))]),
         "video_uuid": chat([user(text, video("mpeg4", uuid="client-video-0001"))]),
         "error_responses_video": (
             "/v1/responses/render",
