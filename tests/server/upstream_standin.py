@@ -59,6 +59,12 @@ SAMPLING = {
     "skip_reading_prefix_cache": bool,
 }
 IMAGE_PAD = 151655
+#: each modality's pad token, and its grid and pixel keys in an item
+PADS = {"image": IMAGE_PAD, "video": 151656}
+KEYS = {
+    "image": ("image_grid_thw", "pixel_values"),
+    "video": ("video_grid_thw", "pixel_values_videos"),
+}
 
 
 def validate(body: Any) -> list[str]:
@@ -111,8 +117,9 @@ def _validate_features(feats: dict[str, Any], ids: list[int]) -> list[str]:
             ):
                 errors.append(f"bad placeholder {r}")
                 continue
-            if off + length > len(ids) or any(t != IMAGE_PAD for t in ids[off : off + length]):
-                errors.append(f"placeholder {r} is not a run of image pads inside token_ids")
+            pad = PADS.get(modality)
+            if off + length > len(ids) or any(t != pad for t in ids[off : off + length]):
+                errors.append(f"placeholder {r} is not a run of {modality} pads inside token_ids")
             end = off + length
         for part in ("kwargs_data", "mm_metadata"):
             data = feats[part]
@@ -127,18 +134,19 @@ def _validate_features(feats: dict[str, Any], ids: list[int]) -> list[str]:
                 except ValueError as exc:
                     errors.append(f"{part}: {exc}")
                     continue
-                grid = item.get("image_grid_thw", (None,))[0]
+                grid_key, pixels_key = KEYS.get(modality, KEYS["image"])
+                grid = item.get(grid_key, (None,))[0]
                 if not isinstance(grid, TensorValue):
-                    errors.append(f"{part}: image_grid_thw missing")
+                    errors.append(f"{part}: {grid_key} missing")
                     continue
                 t, h, w = (int(x) for x in grid.array())
                 if t * h * w // 4 != r["length"]:
                     errors.append(f"{part}: grid {t, h, w} does not give {r['length']} tokens")
-                pixels = item.get("pixel_values", (None,))[0]
+                pixels = item.get(pixels_key, (None,))[0]
                 if part == "kwargs_data" and (
                     not isinstance(pixels, TensorValue) or pixels.shape[0] != t * h * w
                 ):
-                    errors.append("kwargs_data: pixel_values rows differ from the grid")
+                    errors.append(f"kwargs_data: {pixels_key} rows differ from the grid")
     return errors
 
 
