@@ -34,7 +34,7 @@ from .errors import ApiError
 from .gateway import Upstream
 from .media import VllmDecoder
 from .metrics import ServerMetrics
-from .render import RenderLimits, RenderService
+from .render import RenderLimits, RenderService, model_float_dtype
 from .sampling import SamplingDefaults
 
 __all__ = ("ServerConfig", "create_app")
@@ -111,6 +111,7 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
             defaults=SamplingDefaults.from_folder(folder),
             fetcher=fetcher,
             limits=config.limits,
+            float_dtype=model_float_dtype(folder),
         )
         state.upstream = Upstream(config.upstream, tokenizer) if config.upstream else None
         if state.upstream is not None:

@@ -16,6 +16,7 @@ import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -52,13 +53,36 @@ __all__ = (
     "Rendered",
     "generate_request",
     "generate_request_features",
+    "model_float_dtype",
     "vllm_mm_hash",
 )
 
 #: keys vLLM keeps on the CPU (sent again as ``mm_metadata``)
-_KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw"})
+_KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw", "second_per_grid_ts"})
 #: wire order of an item's keys (vLLM's with PYTHONHASHSEED=0); other keys follow
-_KEY_ORDER = ("pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos")
+_KEY_ORDER = (
+    "pixel_values",
+    "image_grid_thw",
+    "second_per_grid_ts",
+    "video_grid_thw",
+    "pixel_values_videos",
+)
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def model_float_dtype(folder: str | Path) -> torch.dtype | None:
+    """The dtype vLLM casts an item's floating-point tensors to (``model_config.dtype`` with
+    ``--dtype auto``: the folder's ``torch_dtype``); None when the config names none."""
+    try:
+        config = orjson.loads((Path(folder) / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    name = config.get("torch_dtype") or config.get("dtype")
+    if name is None and isinstance(config.get("text_config"), dict):
+        name = config["text_config"].get("torch_dtype") or config["text_config"].get("dtype")
+    return _DTYPES.get(str(name)) if name else None
+
+
 _HASH_ON_LOOP_BYTES = 1 << 20
 
 
@@ -97,8 +121,12 @@ class RenderService:
         defaults: SamplingDefaults,
         fetcher: MediaFetcher,
         limits: RenderLimits | None = None,
+        float_dtype: torch.dtype | None = None,
     ) -> None:
+        """``float_dtype``: what floating-point tensors are cast to on the wire, as vLLM casts
+        them to the model's dtype (:func:`model_float_dtype`); None keeps them."""
         self.engine = engine
+        self.float_dtype = float_dtype
         self.chat = ChatRenderer(tokenizer)
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -374,7 +402,7 @@ class RenderService:
         feats = generate_request_features(result, by_modality, tensors=False)
         if tensors:
             # orjson fragments: the response encoder copies them without scanning
-            kwargs_data, metadata = encode_items(result.items)
+            kwargs_data, metadata = encode_items(result.items, float_dtype=self.float_dtype)
             feats["kwargs_data"], feats["mm_metadata"] = {}, {}
             for modality in feats["mm_hashes"]:
                 picked = [i for i, item in enumerate(result.items) if item.modality == modality]
@@ -407,11 +435,12 @@ def generate_request_features(
     hashes: Sequence[str] | Mapping[str, Sequence[str]],
     *,
     tensors: bool = True,
+    float_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """vLLM's ``GenerateRequest.features`` of an engine result made with
     ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes (:func:`vllm_mm_hash`
     or the client's; a sequence for images, or a mapping per modality), ``tensors=False`` leaves
-    the payload out. JSON-ready (plain strings)."""
+    the payload out, ``float_dtype`` as :func:`encode_items`. JSON-ready (plain strings)."""
     per_modality = {"image": hashes} if not isinstance(hashes, Mapping) else hashes
     per_modality = {m: list(h) for m, h in per_modality.items() if h}
     features: dict[str, Any] = {
@@ -424,7 +453,7 @@ def generate_request_features(
         "mm_metadata": None,
     }
     if tensors:
-        kwargs_data, metadata = encode_items(result.items)
+        kwargs_data, metadata = encode_items(result.items, float_dtype=float_dtype)
         # fragments are JSON strings already; one dumps + loads turns them into plain strings
         kwargs_data, metadata = orjson.loads(orjson.dumps([kwargs_data, metadata]))
         features["kwargs_data"], features["mm_metadata"] = {}, {}
@@ -487,10 +516,12 @@ def _expanded(value: torch.Tensor, repeat: Repeat) -> torch.Tensor:
     return torch.from_numpy(out.reshape(view.shape[0], -1))
 
 
-def _wire_value(key: str, item: MultiModalKwargsItem) -> Any:
+def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype | None) -> Any:
     """``item[key]`` as vLLM's item holds it; valid until the next call in this thread."""
     value = item.data[key]
     config = item.fields[key]
+    if float_dtype is not None and isinstance(value, torch.Tensor) and value.is_floating_point():
+        value = value.to(float_dtype)  # as vLLM's processor output (BatchFeature's rule)
     if isinstance(value, torch.Tensor) and config.repeat is not None:
         if value.dtype == torch.uint8 and value.dim() == 2 and not value.is_cuda:
             return _expanded(value, config.repeat)
@@ -509,19 +540,23 @@ def _field(key: str, config: Any, slices: list[Any]) -> Field:
 
 
 def encode_items(
-    items: Sequence[MultiModalKwargsItem],
+    items: Sequence[MultiModalKwargsItem], *, float_dtype: torch.dtype | None = None
 ) -> tuple[list[orjson.Fragment], list[orjson.Fragment]]:
     """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, as orjson
     fragments (already JSON strings: the response encoder copies them without scanning).
+    ``float_dtype``: floating-point tensors are cast to it (vLLM's model dtype).
 
     A flat field's slices describe the whole request's batch (every item carries all of them,
     as vLLM's do).
     """
     slices: dict[str, list[Any]] = {}
     starts: dict[str, int] = {}
-    for item in items:  # per key, over the items that have it (an image has no video keys)
+    for item in items:  # per flat key, over the items that have it (an image has no video keys)
         for key, value in item.data.items():
-            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) else 1
+            config = item.fields[key]
+            if isinstance(config, MultiModalFieldConfig) and config.kind is not FieldKind.FLAT:
+                continue
+            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else 1
             start = starts.get(key, 0)
             slices.setdefault(key, []).append([[start, start + rows, None]])
             starts[key] = start + rows
@@ -529,7 +564,7 @@ def encode_items(
     for item in items:
         # each item is expanded and encoded before the next reuses the expansion buffer
         entries = {
-            k: (_wire_value(k, item), _field(k, item.fields[k], slices.get(k, [])))
+            k: (_wire_value(k, item, float_dtype), _field(k, item.fields[k], slices.get(k, [])))
             for k in _ordered(item.data)
         }
         kwargs_data.append(_fragment(encode_item_b64(entries)))

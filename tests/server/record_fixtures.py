@@ -12,7 +12,11 @@ The recorded fixtures came from vLLM 0.33.0 (the ``shared/vllm_probe`` environme
 
 Each case is written as ``fixtures/<case>.json``: ``{"path", "body", "status", "response"}``.
 Images are small and seeded, embedded in the bodies as data URLs (the bytes the hashes cover).
-The video cases need the server started with videos allowed (``LIMIT_MM='{"image": 4, "video":
+The Qwen2.5-VL video fixtures (``fixtures_qwen2_5_vl/``) came from a server for the folder
+``tests/support/qwen2vl_folder.py`` builds with ``variant="qwen2_5_vl"`` at
+``/tmp/vllm-probe/qwen25vl`` (``--model /tmp/vllm-probe/qwen25vl --out
+tests/server/fixtures_qwen2_5_vl --only video_...``). The video cases need the server started
+with videos allowed (``LIMIT_MM='{"image": 4, "video":
 2}'``); their clips are made here with PyAV (seeded frames, a few codecs and containers).
 """
 
@@ -138,7 +142,7 @@ def data_url(img: tuple[str, bytes]) -> str:
     return f"data:{img[0]};base64,{base64.b64encode(img[1]).decode()}"
 
 
-def cases() -> dict[str, tuple[str, dict[str, Any]]]:
+def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
     im = images()
     vi = videos()
 
@@ -149,7 +153,7 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
         return {"type": "video_url", "video_url": {"url": data_url(vi[name])}, **extra}
 
     def chat(messages: list[dict[str, Any]], **extra: Any) -> tuple[str, dict[str, Any]]:
-        return "/v1/chat/completions/render", {"model": MODEL, "messages": messages, **extra}
+        return "/v1/chat/completions/render", {"model": model, "messages": messages, **extra}
 
     def user(*parts: dict[str, Any]) -> dict[str, Any]:
         return {"role": "user", "content": list(parts)}
@@ -311,10 +315,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", default="http://127.0.0.1:18100")
     parser.add_argument("--only", nargs="*")
+    parser.add_argument("--model", default=MODEL, help="the model path the server was given")
+    parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args()
-    HERE.mkdir(exist_ok=True)
+    args.out.mkdir(exist_ok=True)
     with httpx.Client(base_url=args.url, timeout=120) as client:
-        for name, (path, body) in cases().items():
+        for name, (path, body) in cases(args.model).items():
             if args.only and name not in args.only:
                 continue
             resp = client.post(path, json=body)
@@ -323,7 +329,7 @@ def main() -> None:
             except ValueError:
                 payload = resp.text
             record = {"path": path, "body": body, "status": resp.status_code, "response": payload}
-            (HERE / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+            (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
             print(name, resp.status_code, len(resp.content))
 
 

@@ -19,11 +19,14 @@ from aiomm.server.kwargs_codec import decode_item
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
+#: videos rendered for a Qwen2.5-VL folder: ``second_per_grid_ts`` (bfloat16, kept on the CPU)
+FIXTURES_QWEN2_5 = Path(__file__).parent / "fixtures_qwen2_5_vl"
+CASES_QWEN2_5 = sorted(p.stem for p in FIXTURES_QWEN2_5.glob("*.json"))
 _RANDOM_KEYS = {"request_id"}
 
 
-def _load(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+def _load(name: str, folder: Path = FIXTURES) -> dict[str, Any]:
+    return json.loads((folder / f"{name}.json").read_text())
 
 
 def _assert_items_equal(ours: list[str | None], theirs: list[str | None], what: str) -> None:
@@ -70,7 +73,19 @@ def _compare(ours: dict[str, Any], theirs: dict[str, Any], name: str) -> None:
 
 @pytest.mark.parametrize("name", CASES)
 def test_matches_vllm(live_server: Any, name: str) -> None:
-    case = _load(name)
+    _check(live_server, _load(name), name)
+
+
+@pytest.mark.parametrize("name", CASES_QWEN2_5)
+def test_qwen2_5_vl_videos_match_vllm(live_server_qwen2_5: Any, name: str) -> None:
+    case = _load(name, FIXTURES_QWEN2_5)
+    _check(live_server_qwen2_5, case, name)
+    metadata = case["response"]["features"]["mm_metadata"]
+    if metadata is not None:  # the field this folder exists for
+        assert all("second_per_grid_ts" in decode_item(m) for m in metadata["video"])
+
+
+def _check(live_server: Any, case: dict[str, Any], name: str) -> None:
     resp = httpx.post(live_server.url + case["path"], json=case["body"], timeout=60)
     assert resp.status_code == case["status"], resp.text
     ours, theirs = resp.json(), case["response"]
@@ -112,4 +127,6 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
         "error_bad_video",
     }
     assert wanted <= set(CASES)
-    assert sum(p.stat().st_size for p in FIXTURES.glob("*.json")) < 4 << 20
+    assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN2_5)
+    files = [*FIXTURES.glob("*.json"), *FIXTURES_QWEN2_5.glob("*.json")]
+    assert sum(p.stat().st_size for p in files) < 4 << 20
