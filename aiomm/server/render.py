@@ -222,6 +222,12 @@ class RenderService:
                 f"too many images: {len(parsed.images)}, the limit is "
                 f"{self.limits.max_images} per request"
             )
+        if body.get("media_io_kwargs"):
+            # vLLM would sample (and hash) with them; rendering without them would differ
+            raise ApiError(
+                "media_io_kwargs is not supported: videos are sampled with vLLM's defaults",
+                param="media_io_kwargs",
+            )
         if len(parsed.videos) > self.limits.max_videos:
             raise ApiError(
                 f"too many videos: {len(parsed.videos)}, the limit is "

@@ -74,6 +74,10 @@ def test_bad_videos_are_400s_and_the_server_keeps_serving(
         "DecodeError: truncated video": _body(data_url((mime, vp9[: len(vp9) * 6 // 10]))),
         "EmptyVideoError": _body(data_url(("video/x-msvideo", _zero_frames()))),
         "malformed base64": _body("data:video/mp4;base64,@@@@"),
+        "media_io_kwargs is not supported": {
+            **_body(good),
+            "media_io_kwargs": {"video": {"fps": 1}},
+        },
     }
     first = _post(server, _body(good))
     assert first.status_code == 200, first.text
