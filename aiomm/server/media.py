@@ -8,9 +8,10 @@ P/L/RGB) is composited on white; every other mode goes through Pillow's ``conver
 given to ``Engine.process`` is never decoded here.
 
 :class:`VllmDecoder` is a :class:`~aiomm.stages.transform.Decoder`: pass it to ``Engine(...,
-decoder=...)``; its ``probe_video`` reads a video's header as vLLM does
-(:mod:`aiomm.server.video_media`). :func:`converts_mode` tells whether decoding changes the image
-mode, which vLLM folds into the item's hash (see :mod:`aiomm.server.mm_hash`).
+decoder=...)``; its ``probe_video`` and ``sample_video`` read a video's header and pick its frames
+as vLLM's Qwen2-VL loader does (:mod:`aiomm.server.video_media`). :func:`converts_mode` tells
+whether decoding changes the image mode, which vLLM folds into the item's hash (see
+:mod:`aiomm.server.mm_hash`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from aiomm.errors import DecodeError, ImageTooLargeError
 from aiomm.stages import PillowDecoder
 from aiomm.video import VideoInfo
 
-from .video_media import probe_video_vllm
+from .video_media import probe_video_vllm, sample_indices
 
 __all__ = ("VllmDecoder", "converts_mode", "load_image")
 
@@ -116,3 +117,11 @@ class VllmDecoder(PillowDecoder):
             :func:`aiomm.server.video_media.probe_video_vllm`.
         """
         return probe_video_vllm(data)
+
+    def sample_video(self, info: VideoInfo) -> list[int]:
+        """The frames vLLM's Qwen2-VL loader reads from a video of ``info`` (it samples every
+        video at 2 fps, whatever the HF processor's ``do_sample_frames``).
+
+        :raises DecodeError: see :func:`aiomm.server.video_media.sample_indices`.
+        """
+        return sample_indices(info)

@@ -45,7 +45,7 @@ from .kwargs_codec import Field, encode_item_b64
 from .media import converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
 from .sampling import SamplingDefaults, derive
-from .video_media import VLLM_VIDEO_KWARGS, hash_metadata, probe_video_vllm, sample_indices
+from .video_media import QWEN2_VIDEO_PROCESSORS, hash_metadata, probe_video_vllm, sample_indices
 
 __all__ = (
     "RenderLimits",
@@ -127,6 +127,9 @@ class RenderService:
         them to the model's dtype (:func:`model_float_dtype`); None keeps them."""
         self.engine = engine
         self.float_dtype = float_dtype
+        video_processor = getattr(engine.processor, "video_processor", None)
+        #: whether vLLM's video loader for this model is the one aiomm reproduces
+        self.takes_videos = type(video_processor).__name__ in QWEN2_VIDEO_PROCESSORS
         self.chat = ChatRenderer(tokenizer)
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -227,6 +230,12 @@ class RenderService:
             raise ApiError(
                 "media_io_kwargs is not supported: videos are sampled with vLLM's defaults",
                 param="media_io_kwargs",
+            )
+        if parsed.videos and not self.takes_videos:
+            raise ApiError(
+                "this model's videos are not supported (video_url parts are rendered for "
+                "Qwen2-VL and Qwen2.5-VL)",
+                param="video_url",
             )
         if len(parsed.videos) > self.limits.max_videos:
             raise ApiError(
@@ -395,9 +404,7 @@ class RenderService:
             prompt_token_ids=prompt_ids,
             images=data[:n_images],
             image_hashes=hashes[:n_images],
-            videos=data[n_images:],
-            # vLLM's loader samples every video (fps 2), whatever the HF processor's default
-            mm_processor_kwargs=VLLM_VIDEO_KWARGS if videos else None,
+            videos=data[n_images:],  # sampled by VllmDecoder.sample_video, as vLLM's loader
         )
         try:
             result = await self.engine.process(request)

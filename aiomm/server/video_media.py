@@ -10,7 +10,11 @@ vLLM 0.33 loads a ``video_url`` with the ``Qwen2VLVideoBackend`` loader over the
 * **Sampling** (a port of HF's ``Qwen2VLVideoProcessor.sample_frames`` in fps mode, whatever the
   HF processor's own ``do_sample_frames``): ``total / fps * 2`` frames, clamped to
   ``[4, min(768, total)]``, floored to a multiple of the temporal patch (2), at the indices
-  ``torch.arange(0, total, total / n).int()`` clamped to the last frame.
+  ``torch.arange(0, total, total / n).int()`` clamped to the last frame. That float32 range often
+  has one index more than ``n``, equal to ``total`` (30 frames at 2.2 fps, 34 at 4.5 fps): vLLM
+  then reads the last frame in its place, so an odd number of frames can come out, where HF's own
+  sampling would fail. The engine samples with this rule through :class:`VllmDecoder`'s
+  ``sample_video`` (:mod:`aiomm.server.media`).
 * **Frames**: decoded in stream order and converted to RGB by FFmpeg's swscale. PyAV's
   ``to_ndarray(format="rgb24")`` gives the same bytes as OpenCV's BGR decode flipped to RGB
   (checked on H.264 4:2:0 and 4:4:4, VP8, VP9, MPEG-4 Part 2 and MJPEG with the same FFmpeg),
@@ -33,15 +37,11 @@ import torch
 from aiomm.errors import DecodeError, EmptyVideoError
 from aiomm.video import VideoInfo, _av, _open
 
-__all__ = ("VLLM_VIDEO_KWARGS", "hash_metadata", "probe_video_vllm", "sample_indices")
+__all__ = ("QWEN2_VIDEO_PROCESSORS", "hash_metadata", "probe_video_vllm", "sample_indices")
 
-#: vLLM's Qwen2-VL sampling defaults (``Qwen2VLVideoBackend``), as the engine's sampling kwargs
-VLLM_VIDEO_KWARGS: dict[str, Any] = {
-    "do_sample_frames": True,
-    "fps": 2,
-    "min_frames": 4,
-    "max_frames": 768,
-}
+#: HF video processors whose videos vLLM loads with ``Qwen2VLVideoBackend`` (Qwen2-VL and
+#: Qwen2.5-VL); other models' loaders sample otherwise
+QWEN2_VIDEO_PROCESSORS = frozenset({"Qwen2VLVideoProcessor"})
 _MAX_FPS = 30
 
 
@@ -91,7 +91,8 @@ def sample_indices(
     max_frames: int = 768,
     temporal_patch_size: int = 2,
 ) -> list[int]:
-    """The frame indices vLLM's ``Qwen2VLVideoBackend`` samples from a video of ``info``.
+    """The frame indices vLLM's ``Qwen2VLVideoBackend`` reads from a video of ``info``: its
+    clamped indices without repeats, as its reader keeps them.
 
     :raises DecodeError: a video too short to sample (fewer frames than a temporal patch).
     """
@@ -106,7 +107,7 @@ def sample_indices(
     if n <= 0:
         raise DecodeError(f"a video of {total} frames is too short to sample ({tps} at least)")
     indices = torch.arange(0, total, total / n).int()
-    return torch.clamp(indices, max=total - 1).tolist()  # type: ignore[no-any-return]
+    return sorted(set(torch.clamp(indices, max=total - 1).tolist()))
 
 
 def hash_metadata(info: VideoInfo, indices: list[int]) -> dict[str, Any]:

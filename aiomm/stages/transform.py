@@ -51,8 +51,9 @@ class Decoder(Protocol):
         ...
 
 
-#: a decoder may also define ``probe_video(data) -> VideoInfo``: the video header its frames are
-#: sampled from (default :func:`aiomm.video.probe_video`, HF's ``read_video_pyav`` rule)
+#: a decoder may also define ``probe_video(data) -> VideoInfo``, the video header its frames are
+#: sampled from (default :func:`aiomm.video.probe_video`, HF's ``read_video_pyav`` rule), and
+#: ``sample_video(info) -> indices``, which then replaces the processor's ``sample_frames``
 
 
 class PillowDecoder:
@@ -191,7 +192,8 @@ class TransformStage(Stage):
                 data = bytes(raw)
                 probe = getattr(self.decoder, "probe_video", probe_video)
                 info = await anyio.to_thread.run_sync(probe, data, limiter=self.limiter)
-                indices = processor.sample_frames(info, kwargs)
+                sample = getattr(self.decoder, "sample_video", None)
+                indices = sample(info) if sample else processor.sample_frames(info, kwargs)
                 check_budget(info, indices, **limits._asdict())
                 nbytes = sampled_bytes(info, len(indices))
 

@@ -26,6 +26,7 @@ import argparse
 import base64
 import io
 import json
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,9 @@ def images() -> dict[str, tuple[str, bytes]]:
     return out
 
 
-def _clip(codec: str, fmt: str, size: tuple[int, int], frames: int, fps: int, seed: int) -> bytes:
+def _clip(
+    codec: str, fmt: str, size: tuple[int, int], frames: int, fps: int | Fraction, seed: int
+) -> bytes:
     """A seeded clip: a moving gradient with a little noise (compresses to a few KB)."""
     import av
 
@@ -135,6 +138,9 @@ def videos() -> dict[str, tuple[str, bytes]]:
         "mpeg4": ("video/mp4", _clip("mpeg4", "mp4", (70, 50), 18, 6, 13)),
         "vp8": ("video/webm", _clip("libvpx", "webm", (66, 90), 12, 4, 14)),
         "noise": ("video/mp4", _noise_clip(24, 20, 20, 15)),
+        # 34 frames at 4.5 fps: vLLM's float32 index range has 15 entries, the last one past the
+        # end and read as the last frame, so 15 frames (an odd count) are processed
+        "odd_count": ("video/mp4", _clip("libx264", "mp4", (56, 56), 34, Fraction(9, 2), 16)),
     }
 
 
@@ -271,6 +277,7 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
         ),
         "video_mm_none": chat([user(text, video("vp9"), part("png"))], mm_payload="none"),
         "video_hashed_frames": chat([user(text, video("noise"))]),
+        "video_odd_frame_count": chat([user(text, video("odd_count"))]),
         "video_uuid": chat([user(text, video("mpeg4", uuid="client-video-0001"))]),
         "error_responses_video": (
             "/v1/responses/render",

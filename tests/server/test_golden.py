@@ -124,6 +124,7 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
         "video_mm_none",
         "video_uuid",
         "video_hashed_frames",  # encoded bytes above the sampled frames': vLLM hashes the frames
+        "video_odd_frame_count",  # vLLM's clamped index range: 15 frames
         "error_bad_video",
     }
     assert wanted <= set(CASES)

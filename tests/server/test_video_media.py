@@ -119,6 +119,9 @@ def test_sampling_and_metadata_follow_vllm_qwen2_loader() -> None:
     assert sample_indices(VideoInfo(300, 30.0, 8, 8)) == list(range(0, 300, 15))
     assert sample_indices(VideoInfo(5, 30.0, 8, 8)) == [0, 1, 2, 3]
     assert len(sample_indices(VideoInfo(100_000, 25.0, 8, 8))) == 768
+    # float32 steps give 15 indices for n = 14, the last one past the end: read as the last frame
+    odd = sample_indices(VideoInfo(34, 4.5, 8, 8))
+    assert len(odd) == 15 and odd[-2:] == [31, 33]
     meta = hash_metadata(VideoInfo(20, 10.0, 8, 8), [0, 5, 10, 15])
     assert meta == {
         "total_num_frames": 20,
