@@ -83,9 +83,17 @@ def images() -> dict[str, tuple[str, bytes]]:
 
 
 def _clip(
-    codec: str, fmt: str, size: tuple[int, int], frames: int, fps: int | Fraction, seed: int
+    codec: str,
+    fmt: str,
+    size: tuple[int, int],
+    frames: int,
+    fps: int | Fraction,
+    seed: int,
+    *,
+    vfr: bool = False,
 ) -> bytes:
-    """A seeded clip: a moving gradient with a little noise (compresses to a few KB)."""
+    """A seeded clip: a moving gradient with a little noise (compresses to a few KB); ``vfr``:
+    frames 33, 66 or 100 ms apart."""
     import av
 
     width, height = size
@@ -95,13 +103,20 @@ def _clip(
     with av.open(buf, "w", format=fmt) as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if vfr:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        pts = 0
         for i in range(frames):
             rgb = np.stack(
                 [(x * 255 // width + 9 * i) % 256, (y * 255 // height + 5 * i) % 256, (x + y) // 2],
                 axis=-1,
             ).astype(np.float32)
             rgb = np.clip(rgb + rng.normal(0, 4, rgb.shape), 0, 255).astype(np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            if vfr:
+                frame.pts, frame.time_base = pts, Fraction(1, 1000)
+                pts += int(rng.choice([33, 66, 100]))
+            for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
@@ -141,6 +156,16 @@ def videos() -> dict[str, tuple[str, bytes]]:
         # 34 frames at 4.5 fps: vLLM's float32 index range has 15 entries, the last one past the
         # end and read as the last frame, so 15 frames (an odd count) are processed
         "odd_count": ("video/mp4", _clip("libx264", "mp4", (56, 56), 34, Fraction(9, 2), 16)),
+        # variable frame rates: vLLM replaces the header's count (MP4) or the duration's estimate
+        # (Matroska) by OpenCV's position after seeking to the end
+        "vfr_mkv": (
+            "video/x-matroska",
+            _clip("libx264", "matroska", (28, 50), 77, Fraction(30000, 1001), 17, vfr=True),
+        ),
+        "vfr_mp4": (
+            "video/mp4",
+            _clip("mpeg4", "mp4", (60, 44), 82, Fraction(30000, 1001), 17, vfr=True),
+        ),
     }
 
 
@@ -278,6 +303,8 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
         "video_mm_none": chat([user(text, video("vp9"), part("png"))], mm_payload="none"),
         "video_hashed_frames": chat([user(text, video("noise"))]),
         "video_odd_frame_count": chat([user(text, video("odd_count"))]),
+        "video_vfr_mkv": chat([user(text, video("vfr_mkv"))]),
+        "video_vfr_mp4": chat([user(text, video("vfr_mp4"))]),
         "video_uuid": chat([user(text, video("mpeg4", uuid="client-video-0001"))]),
         "error_responses_video": (
             "/v1/responses/render",

@@ -125,6 +125,8 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
         "video_uuid",
         "video_hashed_frames",  # encoded bytes above the sampled frames': vLLM hashes the frames
         "video_odd_frame_count",  # vLLM's clamped index range: 15 frames
+        "video_vfr_mkv",  # variable frame rates: OpenCV's end-of-stream position as the count
+        "video_vfr_mp4",
         "error_bad_video",
     }
     assert wanted <= set(CASES)

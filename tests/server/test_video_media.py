@@ -10,6 +10,7 @@ and frames, byte for byte.
 from __future__ import annotations
 
 import io
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -27,9 +28,10 @@ def _clip(
     fmt: str,
     size: tuple[int, int],
     frames: int,
-    fps: int,
+    fps: int | Fraction,
     pix: str,
     tags: tuple[int, int] | None = None,
+    vfr: bool = False,
 ) -> bytes:
     width, height = size
     rng = np.random.default_rng(frames * 7 + width)
@@ -40,10 +42,17 @@ def _clip(
         stream.width, stream.height, stream.pix_fmt = width, height, pix
         if tags is not None:  # (colour space, range) tags, e.g. BT.709 full range
             stream.codec_context.colorspace, stream.codec_context.color_range = tags
+        if vfr:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        pts = 0
         for i in range(frames):
             rgb = np.stack([(x * 3 + 9 * i) % 256, (y * 4 + 5 * i) % 256, (x + y) % 256], axis=-1)
             rgb = np.clip(rgb + rng.normal(0, 10, rgb.shape), 0, 255).astype(np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            if vfr:  # frames 33, 66 or 100 ms apart
+                frame.pts, frame.time_base = pts, Fraction(1, 1000)
+                pts += int(rng.choice([33, 66, 100]))
+            for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
@@ -59,6 +68,20 @@ CLIPS = {
     "mjpeg_avi": ("mjpeg", "avi", (60, 44), 9, 4, "yuvj420p"),
     # tagged BT.709, full range: both decoders convert with swscale's defaults alike
     "h264_bt709_full": ("libx264", "mp4", (64, 48), 16, 8, "yuv420p", (1, 2)),
+    # variable frame rates: the header's count (or the duration's estimate) is not the frames
+    # there, and vLLM takes OpenCV's end-of-stream position instead
+    "vfr_h264_mkv": (
+        "libx264",
+        "matroska",
+        (28, 50),
+        77,
+        Fraction(30000, 1001),
+        "yuv420p",
+        None,
+        True,
+    ),
+    "vfr_mpeg4_mp4": ("mpeg4", "mp4", (80, 102), 82, Fraction(30000, 1001), "yuv420p", None, True),
+    "vfr_vp8_webm": ("libvpx", "webm", (24, 102), 11, 112, "yuv420p", None, True),
 }
 
 
@@ -74,7 +97,8 @@ def _opencv_capture(data: bytes, params: list[int]) -> tuple[object, io.BytesIO]
 
 
 def _opencv_read(data: bytes, sample: object) -> tuple[int, float, list[int], np.ndarray]:
-    """vLLM's OpenCV path: (frame count, fps, sampled indices, RGB frames)."""
+    """vLLM's OpenCV path (``get_video_metadata``, then ``_read_frames_no_recovery``): (frame
+    count, fps, the indices read, RGB frames)."""
     cap, _buf = _opencv_capture(data, [])
     assert cap.isOpened()
     total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
@@ -84,18 +108,26 @@ def _opencv_read(data: bytes, sample: object) -> tuple[int, float, list[int], np
         while demux.grab():
             total += 1
         demux.release()
+    elif cap.set(cv2.CAP_PROP_POS_AVI_RATIO, 1.0):
+        visible = int(cap.get(cv2.CAP_PROP_POS_FRAMES))
+        if not cap.grab() and 0 < visible < total - 1:
+            total = visible
+    cap.release()
     from aiomm.video import VideoInfo
 
     indices = sample(VideoInfo(total, fps, 1, 1))  # type: ignore[operator]
-    wanted, frames = set(indices), []
+    cap, _buf = _opencv_capture(data, [])
+    wanted, frames, read = set(indices), [], []
     for idx in range(max(indices) + 1):
-        assert cap.grab()
+        if not cap.grab():
+            continue  # vLLM skips frames it cannot grab
         if idx in wanted:
             ok, frame = cap.retrieve()
             assert ok
             frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+            read.append(idx)
     cap.release()
-    return total, fps, indices, np.stack(frames)
+    return total, fps, read, np.stack(frames)
 
 
 @pytest.mark.parametrize("name", sorted(CLIPS))
