@@ -90,12 +90,8 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     if root:
         fetch_cfg = replace(fetch_cfg, allowed_local_root=Path(root))
     base = Engine.from_pretrained(folder, engine_cfg)
-    engine = Engine(
-        base.processor,
-        engine_cfg,
-        adapter_id=base.adapter_id,
-        decoder=VllmDecoder(engine_cfg.decode, max_pixels=base.max_pixels),
-    )
+    decoder = VllmDecoder(engine_cfg.decode, max_pixels=base.max_pixels)
+    engine = Engine(base.processor, engine_cfg, adapter_id=base.adapter_id, decoder=decoder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     state = _State()
     state.metrics = ServerMetrics()
@@ -112,6 +108,7 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
             fetcher=fetcher,
             limits=config.limits,
             float_dtype=model_float_dtype(folder),
+            decoder=decoder,
         )
         state.upstream = Upstream(config.upstream, tokenizer) if config.upstream else None
         if state.upstream is not None:

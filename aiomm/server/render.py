@@ -42,10 +42,10 @@ from .chat_template import ChatRenderer
 from .content import ImagePart, Parsed
 from .errors import ApiError, from_aiomm_error
 from .kwargs_codec import Field, encode_item_b64
-from .media import converts_mode
+from .media import VllmDecoder, converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
 from .sampling import SamplingDefaults, derive
-from .video_media import QWEN2_VIDEO_PROCESSORS, hash_metadata, probe_video_vllm, sample_indices
+from .video_media import QWEN2_VIDEO_PROCESSORS, hash_metadata, sample_indices
 
 __all__ = (
     "RenderLimits",
@@ -122,9 +122,12 @@ class RenderService:
         fetcher: MediaFetcher,
         limits: RenderLimits | None = None,
         float_dtype: torch.dtype | None = None,
+        decoder: VllmDecoder | None = None,
     ) -> None:
         """``float_dtype``: what floating-point tensors are cast to on the wire, as vLLM casts
-        them to the model's dtype (:func:`model_float_dtype`); None keeps them."""
+        them to the model's dtype (:func:`model_float_dtype`); None keeps them. ``decoder``: the
+        engine's, whose video headers the hashes reuse."""
+        self.decoder = decoder or VllmDecoder()
         self.engine = engine
         self.float_dtype = float_dtype
         video_processor = getattr(engine.processor, "video_processor", None)
@@ -363,7 +366,7 @@ class RenderService:
         if part.uuid:
             return part.uuid
         try:
-            info = await anyio.to_thread.run_sync(probe_video_vllm, data)
+            info = await anyio.to_thread.run_sync(self.decoder.probe_video, data)
             indices = sample_indices(info)
             frames = None
             if sampled_bytes(info, len(indices)) < len(data):

@@ -176,3 +176,13 @@ def test_bad_videos_are_typed_errors() -> None:
         stream.width, stream.height = 32, 32
     with pytest.raises((EmptyVideoError, DecodeError)):
         probe_video_vllm(buf.getvalue())
+
+
+def test_the_decoder_probes_each_video_once() -> None:
+    from aiomm.server.media import VllmDecoder
+
+    decoder = VllmDecoder()
+    data = _clip(*CLIPS["vp9_webm"])
+    first = decoder.probe_video(data)
+    assert decoder.probe_video(bytes(bytearray(data))) is first  # by content, not identity
+    assert decoder.sample_video(first) == sample_indices(first)
