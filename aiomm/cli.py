@@ -90,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--allowed-local-media-path", help="file: URLs allowed under this folder")
     serve.add_argument("--max-images", type=int, default=16, help="images per request")
+    serve.add_argument("--max-videos", type=int, default=4, help="videos per request")
     serve.add_argument("--max-body-mb", type=int, default=64)
     serve.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
     sub.add_parser(
@@ -151,7 +152,11 @@ def _serve(args: argparse.Namespace) -> int:
         served_model_names=tuple(args.served_model_name),
         upstream=args.upstream,
         max_body_bytes=args.max_body_mb << 20,
-        limits=RenderLimits(max_images=args.max_images, timeout_s=args.request_timeout),
+        limits=RenderLimits(
+            max_images=args.max_images,
+            max_videos=args.max_videos,
+            timeout_s=args.request_timeout,
+        ),
         allowed_local_media_path=args.allowed_local_media_path,
         shared_cache_url=args.shared_cache,
     )

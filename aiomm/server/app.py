@@ -35,7 +35,7 @@ from .gateway import Upstream
 from .json_chunks import ChunkedJSONResponse, dumps_chunks
 from .media import VllmDecoder
 from .metrics import ServerMetrics
-from .render import RenderLimits, RenderService
+from .render import RenderLimits, RenderService, model_float_dtype
 from .sampling import SamplingDefaults
 
 __all__ = ("ServerConfig", "create_app", "model_folder")
@@ -112,12 +112,8 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     if root:
         fetch_cfg = replace(fetch_cfg, allowed_local_root=Path(root))
     base = Engine.from_pretrained(folder, engine_cfg)
-    engine = Engine(
-        base.processor,
-        engine_cfg,
-        adapter_id=base.adapter_id,
-        decoder=VllmDecoder(engine_cfg.decode, max_pixels=base.max_pixels),
-    )
+    decoder = VllmDecoder(engine_cfg.decode, max_pixels=base.max_pixels)
+    engine = Engine(base.processor, engine_cfg, adapter_id=base.adapter_id, decoder=decoder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     state = _State()
     state.metrics = ServerMetrics()
@@ -133,6 +129,8 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
             defaults=SamplingDefaults.from_folder(folder),
             fetcher=fetcher,
             limits=config.limits,
+            float_dtype=model_float_dtype(folder),
+            decoder=decoder,
         )
         state.upstream = Upstream(config.upstream, tokenizer) if config.upstream else None
         if state.upstream is not None:

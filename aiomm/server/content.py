@@ -1,15 +1,18 @@
-"""Content parts of the three chat APIs -> one conversation for the chat template + image parts.
+"""Content parts of the three chat APIs -> one conversation for the chat template + media parts.
 
-OpenAI chat (``text``, ``image_url`` with an optional per-part ``uuid``), Responses (``input``
+OpenAI chat (``text``, ``image_url`` and ``video_url`` with an optional per-part ``uuid``),
+Responses (``input``
 string or items with ``input_text`` / ``input_image`` / ``output_text``, ``instructions``) and
 Anthropic messages (``text``, ``image`` with a base64 or url source, ``system``) all become the
 conversation vLLM hands the template: each message's content a list of ``{"type": "text",
-"text"}`` and ``{"type": "image"}`` parts in their original order, plain strings kept as strings.
+"text"}``, ``{"type": "image"}`` and ``{"type": "video"}`` parts in their original order, plain
+strings kept as strings. As in vLLM 0.33, only chat takes ``video_url``; Responses and Anthropic
+refuse it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ApiError
@@ -21,7 +24,8 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 @dataclass(frozen=True)
 class ImagePart:
-    """One image of a request: its URL (``data:``, ``http(s):`` or ``file:``) and client hash."""
+    """One image or video of a request: its URL (``data:``, ``http(s):`` or ``file:``) and client
+    hash."""
 
     url: str
     uuid: str | None = None
@@ -29,10 +33,11 @@ class ImagePart:
 
 @dataclass
 class Parsed:
-    """A conversation ready for the chat template, and its images in prompt order."""
+    """A conversation ready for the chat template, its images and its videos in prompt order."""
 
     conversation: list[dict[str, Any]]
     images: list[ImagePart]
+    videos: list[ImagePart] = field(default_factory=list)
 
 
 def _need(cond: bool, message: str, param: str | None = None) -> None:
@@ -59,6 +64,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
     :raises ApiError: malformed messages or an unsupported content part.
     """
     images: list[ImagePart] = []
+    videos: list[ImagePart] = []
     conversation: list[dict[str, Any]] = []
     for i, message in enumerate(_messages(body)):
         role = _role(message, i)
@@ -75,18 +81,18 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
             if kind == "text":
                 _need(isinstance(part.get("text"), str), f"{where}.text must be a string")
                 parts.append({"type": "text", "text": part["text"]})
-            elif kind == "image_url":
-                spec = part.get("image_url")
+            elif kind in ("image_url", "video_url"):
+                spec = part.get(kind)
                 url = spec.get("url") if isinstance(spec, dict) else spec
-                _need(isinstance(url, str) and bool(url), f"{where}.image_url.url is missing")
+                _need(isinstance(url, str) and bool(url), f"{where}.{kind}.url is missing")
                 uuid = part.get("uuid")
                 _need(uuid is None or isinstance(uuid, str), f"{where}.uuid must be a string")
-                images.append(ImagePart(url, uuid))
-                parts.append({"type": "image"})
+                (images if kind == "image_url" else videos).append(ImagePart(url, uuid))
+                parts.append({"type": "image" if kind == "image_url" else "video"})
             else:
                 raise ApiError(f"{where}: unsupported content part type {kind!r}", param="messages")
         conversation.append({"role": role, "content": parts})
-    return Parsed(conversation, images)
+    return Parsed(conversation, images, videos)
 
 
 def parse_responses(body: dict[str, Any]) -> Parsed:

@@ -8,22 +8,30 @@ P/L/RGB) is composited on white; every other mode goes through Pillow's ``conver
 given to ``Engine.process`` is never decoded here.
 
 :class:`VllmDecoder` is a :class:`~aiomm.stages.transform.Decoder`: pass it to ``Engine(...,
-decoder=...)``. :func:`converts_mode` tells whether decoding changes the image mode, which vLLM
-folds into the item's hash (see :mod:`aiomm.server.mm_hash`).
+decoder=...)``; its ``probe_video`` and ``sample_video`` read a video's header and pick its frames
+as vLLM's Qwen2-VL loader does (:mod:`aiomm.server.video_media`). :func:`converts_mode` tells
+whether decoding changes the image mode, which vLLM folds into the item's hash (see
+:mod:`aiomm.server.mm_hash`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import OrderedDict
 
 import numpy as np
 import PIL.Image
 import PIL.ImageOps
+from blake3 import blake3
 
 from aiomm.config import DecodeConfig
 from aiomm.decode import DEFAULT_FORMATS, open_image
 from aiomm.errors import DecodeError, ImageTooLargeError
 from aiomm.stages import PillowDecoder
+from aiomm.video import VideoInfo
+
+from .video_media import probe_video_vllm, sample_indices
 
 __all__ = ("VllmDecoder", "converts_mode", "load_image")
 
@@ -96,11 +104,44 @@ class VllmDecoder(PillowDecoder):
     """A thread-safe decoder with vLLM's loading rule (see the module docstring); probing and
     every limit are the engine's own (:class:`~aiomm.stages.PillowDecoder`)."""
 
+    #: video headers kept (by content digest): the server's hash and the engine's transform
+    #: probe each video, and vLLM's header rule decodes the stream's last group of pictures
+    probe_cache_size = 256
+
     def __init__(
         self, config: DecodeConfig | None = None, *, max_pixels: int | None = None
     ) -> None:
         super().__init__(config or DecodeConfig(), max_pixels=max_pixels)
+        self._probes: OrderedDict[bytes, VideoInfo] = OrderedDict()
+        self._lock = threading.Lock()
 
     def decode(self, data: bytes) -> np.ndarray:
         """:raises DecodeError, ImageTooLargeError: see :func:`load_image`."""
         return load_image(data, **self.limits)[0]
+
+    def probe_video(self, data: bytes) -> VideoInfo:
+        """A video's header as vLLM's OpenCV capture reports it (the frames it samples from).
+
+        :raises DecodeError, EmptyVideoError: see
+            :func:`aiomm.server.video_media.probe_video_vllm`.
+        """
+        key = blake3(data, max_threads=1).digest()
+        with self._lock:
+            info = self._probes.get(key)
+            if info is not None:
+                self._probes.move_to_end(key)
+                return info
+        info = probe_video_vllm(data)
+        with self._lock:
+            self._probes[key] = info
+            while len(self._probes) > self.probe_cache_size:
+                self._probes.popitem(last=False)
+        return info
+
+    def sample_video(self, info: VideoInfo) -> list[int]:
+        """The frames vLLM's Qwen2-VL loader reads from a video of ``info`` (it samples every
+        video at 2 fps, whatever the HF processor's ``do_sample_frames``).
+
+        :raises DecodeError: see :func:`aiomm.server.video_media.sample_indices`.
+        """
+        return sample_indices(info)

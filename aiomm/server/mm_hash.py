@@ -10,6 +10,16 @@ tagged by kind (leaf, sequence, mapping), keys in sorted order::
 When decoding changed the image mode, the inner value is the mapping
 ``{"io_config": {"image_mode": "RGB", "rgba_background_color": [255, 255, 255]},
 "data": <bytes>}``. The model id is the model path as given to vLLM on its command line.
+
+A video's item is the pair ``(media, metadata)`` of vLLM's loader (keys sorted, so the model id
+comes first)::
+
+    frame("model_id") LEAF frame(<model id>)
+    frame("video") SEQUENCE u64(2) LEAF frame("video") LEAF <media> <metadata mapping>
+
+where ``<media>`` is ``frame(<encoded bytes>)``, or, when the sampled frames take fewer bytes
+than the encoded video, the frames as vLLM hashes an array: ``frame("ndarray")`` and the
+mapping ``{"dtype": "|u1", "shape": [T, H, W, 3], "data": <frame bytes>}``.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from collections.abc import Iterator
 import numpy as np
 from blake3 import blake3
 
-__all__ = ("image_mm_hash",)
+__all__ = ("image_mm_hash", "video_mm_hash")
 
 _NONE, _SEQUENCE, _MAPPING, _LEAF = b"\x00", b"\x01", b"\x02", b"\x03"
 _WHITE = (255, 255, 255)
@@ -54,6 +64,8 @@ def _value(obj: object) -> Iterator[bytes]:
             yield from _framed(obj)
         elif isinstance(obj, str):
             yield from _framed(obj.encode())
+        elif isinstance(obj, memoryview):
+            yield from _framed(obj.cast("B").tobytes())
         elif isinstance(obj, (int, float)):
             yield from _framed(np.array(obj).tobytes())  # int64 / float64, native order
         else:
@@ -71,4 +83,35 @@ def image_mm_hash(data: bytes, model_id: str, *, mode_converted: bool) -> str:
             hasher.update(chunk)
         for chunk in (_LEAF, *_framed(b"image"), *_value(val)) if key == "image" else _value(val):
             hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def video_mm_hash(
+    data: bytes, model_id: str, metadata: dict[str, object], frames: np.ndarray | None = None
+) -> str:
+    """The hex mm_hash vLLM gives a video sent as ``data`` with its loader's ``metadata``
+    (:func:`aiomm.server.video_media.hash_metadata`); ``frames`` (``T x H x W x 3`` uint8, the
+    sampled frames) only when they take fewer bytes than ``data``, as vLLM then hashes them."""
+    if frames is not None and frames.nbytes < len(data):
+        array = np.ascontiguousarray(frames)
+        media = [
+            *_framed(b"ndarray"),
+            *_value({"dtype": array.dtype.str, "shape": array.shape, "data": memoryview(array)}),
+        ]
+    else:
+        media = list(_framed(data))
+    hasher = blake3(max_threads=1)
+    for chunk in (
+        *_framed(b"model_id"),
+        *_value(model_id),
+        *_framed(b"video"),
+        _SEQUENCE,
+        _length(2),
+        _LEAF,
+        *_framed(b"video"),
+        _LEAF,
+        *media,
+        *_value(metadata),
+    ):
+        hasher.update(chunk)
     return hasher.hexdigest()

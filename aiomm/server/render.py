@@ -1,21 +1,26 @@
 """The render service: a parsed request -> vLLM's ``GenerateRequest`` JSON object.
 
-Images are fetched (``data:`` URLs decoded, ``http(s)`` through the SSRF-guarded fetcher, ``file:``
-under the allowed root), hashed as vLLM hashes them (:mod:`.mm_hash`) and processed by the engine
-(decoded with vLLM's rule, :mod:`.media`); each item is then written in vLLM's msgpack layout
-(:mod:`.kwargs_codec`). A client ``uuid`` is the item's mm_hash and its cache key, as in vLLM.
+Images and videos are fetched (``data:`` URLs decoded, ``http(s)`` through the SSRF-guarded
+fetcher, ``file:`` under the allowed root), hashed as vLLM hashes them (:mod:`.mm_hash`) and
+processed by the engine (images decoded with vLLM's rule, :mod:`.media`; videos probed and
+sampled as vLLM's loader does, :mod:`.video_media`); each item is then written in vLLM's msgpack
+layout (:mod:`.kwargs_codec`). A client ``uuid`` is the item's mm_hash and its cache key, as in
+vLLM.
 """
 
 from __future__ import annotations
 
 import binascii
+import functools
 import io
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import PIL.Image
 import pybase64
 import torch
@@ -30,15 +35,17 @@ from aiomm.processing.fields import (
     PaddedImageField,
 )
 from aiomm.types import Request, Result
+from aiomm.video import VideoInfo, decode_video, sampled_bytes
 
 from .chat_template import ChatRenderer
 from .content import ImagePart, Parsed
 from .errors import ApiError, from_aiomm_error
 from .json_chunks import PiecesString
 from .kwargs_codec import Field, WireRows, encode_item_pieces
-from .media import converts_mode
-from .mm_hash import image_mm_hash
+from .media import VllmDecoder, converts_mode
+from .mm_hash import image_mm_hash, video_mm_hash
 from .sampling import SamplingDefaults, derive
+from .video_media import QWEN2_VIDEO_PROCESSORS, hash_metadata, sample_indices
 
 __all__ = (
     "RenderLimits",
@@ -46,13 +53,36 @@ __all__ = (
     "Rendered",
     "generate_request",
     "generate_request_features",
+    "model_float_dtype",
     "vllm_mm_hash",
 )
 
 #: keys vLLM keeps on the CPU (sent again as ``mm_metadata``)
-_KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw"})
+_KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw", "second_per_grid_ts"})
 #: wire order of an item's keys (vLLM's with PYTHONHASHSEED=0); other keys follow
-_KEY_ORDER = ("pixel_values", "image_grid_thw")
+_KEY_ORDER = (
+    "pixel_values",
+    "image_grid_thw",
+    "second_per_grid_ts",
+    "video_grid_thw",
+    "pixel_values_videos",
+)
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def model_float_dtype(folder: str | Path) -> torch.dtype | None:
+    """The dtype vLLM casts an item's floating-point tensors to (``model_config.dtype`` with
+    ``--dtype auto``: the folder's ``torch_dtype``); None when the config names none."""
+    try:
+        config = orjson.loads((Path(folder) / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    name = config.get("torch_dtype") or config.get("dtype")
+    if name is None and isinstance(config.get("text_config"), dict):
+        name = config["text_config"].get("torch_dtype") or config["text_config"].get("dtype")
+    return _DTYPES.get(str(name)) if name else None
+
+
 _HASH_ON_LOOP_BYTES = 1 << 20
 #: dtypes numpy can view (bfloat16 cannot: its rows are copied by torch instead)
 _NUMPY_DTYPES = frozenset(
@@ -76,6 +106,9 @@ class RenderLimits:
 
     max_images: int = 16
     timeout_s: float = 120.0
+    max_videos: int = 4
+    #: encoded bytes of one video at most (the fetcher's ``max_bytes`` applies first)
+    max_video_bytes: int = 64 << 20
 
 
 @dataclass
@@ -102,8 +135,18 @@ class RenderService:
         defaults: SamplingDefaults,
         fetcher: MediaFetcher,
         limits: RenderLimits | None = None,
+        float_dtype: torch.dtype | None = None,
+        decoder: VllmDecoder | None = None,
     ) -> None:
+        """``float_dtype``: what floating-point tensors are cast to on the wire, as vLLM casts
+        them to the model's dtype (:func:`model_float_dtype`); None keeps them. ``decoder``: the
+        engine's, whose video headers the hashes reuse."""
+        self.decoder = decoder or VllmDecoder()
         self.engine = engine
+        self.float_dtype = float_dtype
+        video_processor = getattr(engine.processor, "video_processor", None)
+        #: whether vLLM's video loader for this model is the one aiomm reproduces
+        self.takes_videos = type(video_processor).__name__ in QWEN2_VIDEO_PROCESSORS
         self.chat = ChatRenderer(tokenizer)
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -126,7 +169,7 @@ class RenderService:
             raise ApiError(f"The model `{model}` does not exist.", status=404, param="model")
         return str(model)
 
-    async def _image_bytes(self, part: ImagePart) -> bytes:
+    async def _media_bytes(self, part: ImagePart) -> bytes:
         try:
             if part.url[:5].lower() == "data:":
                 return self._data_url(part.url)
@@ -199,6 +242,24 @@ class RenderService:
                 f"too many images: {len(parsed.images)}, the limit is "
                 f"{self.limits.max_images} per request"
             )
+        if body.get("media_io_kwargs"):
+            # vLLM would sample (and hash) with them; rendering without them would differ
+            raise ApiError(
+                "media_io_kwargs is not supported: videos are sampled with vLLM's defaults",
+                param="media_io_kwargs",
+            )
+        if parsed.videos and not self.takes_videos:
+            raise ApiError(
+                "this model's videos are not supported (video_url parts are rendered for "
+                "Qwen2-VL and Qwen2.5-VL)",
+                param="video_url",
+            )
+        if len(parsed.videos) > self.limits.max_videos:
+            raise ApiError(
+                f"too many videos: {len(parsed.videos)}, the limit is "
+                f"{self.limits.max_videos} per request",
+                param="video_url",
+            )
         template_kwargs = dict(body.get("chat_template_kwargs") or {})
         add_gen = bool(body.get("add_generation_prompt", True))
         cont = bool(body.get("continue_final_message", False))
@@ -211,15 +272,15 @@ class RenderService:
         features = None
         cache_hits = 0
         timings: dict[str, float] = {}
-        if parsed.images:
+        if parsed.images or parsed.videos:
             try:
                 with anyio.fail_after(self.limits.timeout_s):
                     features, prompt_ids, cache_hits, timings = await self._features(
-                        parsed.images, prompt_ids, tensors=payload == "tensors"
+                        parsed.images, parsed.videos, prompt_ids, tensors=payload == "tensors"
                     )
             except TimeoutError:
                 raise ApiError(
-                    f"the request's images took longer than {self.limits.timeout_s} s",
+                    f"the request's media took longer than {self.limits.timeout_s} s",
                     status=408,
                     type="TimeoutError",
                 ) from None
@@ -249,7 +310,7 @@ class RenderService:
             self._generate_request(
                 id_prefix, prompt_ids, features, sampling, model, body, parse_context
             ),
-            len(parsed.images),
+            len(parsed.images) + len(parsed.videos),
             cache_hits,
             timings,
         )
@@ -306,16 +367,49 @@ class RenderService:
             body=body,
         )
 
+    async def _video_hash(self, part: ImagePart, data: bytes) -> str:
+        """vLLM's mm_hash of a video: over its bytes and its loader's metadata (the header is
+        probed and the frames sampled as vLLM does; the frames decoded only when vLLM hashes them
+        instead of the bytes)."""
+        if len(data) > self.limits.max_video_bytes:
+            raise ApiError(
+                f"a video of {len(data)} bytes is above the limit of "
+                f"{self.limits.max_video_bytes} bytes",
+                param="video_url",
+            )
+        if part.uuid:
+            return part.uuid
+        try:
+            info = await anyio.to_thread.run_sync(self.decoder.probe_video, data)
+            indices = sample_indices(info)
+            frames = None
+            if sampled_bytes(info, len(indices)) < len(data):
+                frames = (
+                    await anyio.to_thread.run_sync(_decode_sampled, data, info, indices)
+                ).frames
+        except AiommError as exc:
+            raise from_aiomm_error(exc) from exc
+        return video_mm_hash(data, self.model_id, hash_metadata(info, indices), frames)
+
     async def _features(
-        self, parts: list[ImagePart], prompt_ids: list[int], *, tensors: bool
+        self,
+        images: list[ImagePart],
+        videos: list[ImagePart],
+        prompt_ids: list[int],
+        *,
+        tensors: bool,
     ) -> tuple[dict[str, Any], list[int], int, dict[str, float]]:
-        n = len(parts)
+        parts = [*images, *videos]
+        n, n_images = len(parts), len(images)
         data: list[bytes] = [b""] * n
         hashes: list[str] = [""] * n
 
         async def load(i: int) -> None:
-            data[i] = await self._image_bytes(parts[i])
-            hashes[i] = parts[i].uuid or await self._mm_hash(data[i])
+            data[i] = await self._media_bytes(parts[i])
+            if i < n_images:
+                hashes[i] = parts[i].uuid or await self._mm_hash(data[i])
+            else:
+                hashes[i] = await self._video_hash(parts[i], data[i])
 
         if n == 1:
             await load(0)
@@ -323,20 +417,34 @@ class RenderService:
             async with anyio.create_task_group() as tg:
                 for i in range(n):
                     tg.start_soon(load, i)
+        request = Request(
+            prompt_token_ids=prompt_ids,
+            images=data[:n_images],
+            image_hashes=hashes[:n_images],
+            videos=data[n_images:],  # sampled by VllmDecoder.sample_video, as vLLM's loader
+        )
         try:
-            result = await self.engine.process(
-                Request(prompt_token_ids=prompt_ids, images=data, image_hashes=hashes)
-            )
+            result = await self.engine.process(request)
         except AiommError as exc:
             raise from_aiomm_error(exc) from exc
         hits = sum(1 for c in result.cache if c.value == "hit")
-        feats = generate_request_features(result, hashes, tensors=False)
+        by_modality = {"image": hashes[:n_images], "video": hashes[n_images:]}
+        feats = generate_request_features(result, by_modality, tensors=False)
         if tensors:
             # megabytes of copying and base64 per image: off the event loop
-            kwargs_data, metadata = await anyio.to_thread.run_sync(encode_items, result.items)
-            feats["kwargs_data"] = {"image": kwargs_data}
-            feats["mm_metadata"] = {"image": metadata}
+            kwargs_data, metadata = await anyio.to_thread.run_sync(
+                functools.partial(encode_items, result.items, float_dtype=self.float_dtype)
+            )
+            feats["kwargs_data"], feats["mm_metadata"] = {}, {}
+            for modality in feats["mm_hashes"]:
+                picked = [i for i, item in enumerate(result.items) if item.modality == modality]
+                feats["kwargs_data"][modality] = [kwargs_data[i] for i in picked]
+                feats["mm_metadata"][modality] = [metadata[i] for i in picked]
         return feats, result.prompt_token_ids, hits, result.timings
+
+
+def _decode_sampled(data: bytes, info: VideoInfo, indices: list[int]) -> Any:
+    return decode_video(data, lambda _: indices, info=info)
 
 
 def vllm_mm_hash(data: bytes, model_id: str) -> str:
@@ -355,25 +463,34 @@ def vllm_mm_hash(data: bytes, model_id: str) -> str:
 
 
 def generate_request_features(
-    result: Result, hashes: Sequence[str], *, tensors: bool = True
+    result: Result,
+    hashes: Sequence[str] | Mapping[str, Sequence[str]],
+    *,
+    tensors: bool = True,
+    float_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """vLLM's ``GenerateRequest.features`` of an engine result made with
-    ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes
-    (:func:`vllm_mm_hash`, or the client's), ``tensors=False`` leaves the payload out.
-    JSON-ready (plain strings)."""
-    placeholders = [
-        {"offset": r.offset, "length": r.length} for r in result.mm_placeholders.get("image", [])
-    ]
+    ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes (:func:`vllm_mm_hash`
+    or the client's; a sequence for images, or a mapping per modality), ``tensors=False`` leaves
+    the payload out, ``float_dtype`` as :func:`encode_items`. JSON-ready (plain strings)."""
+    per_modality = {"image": hashes} if not isinstance(hashes, Mapping) else hashes
+    per_modality = {m: list(h) for m, h in per_modality.items() if h}
     features: dict[str, Any] = {
-        "mm_hashes": {"image": list(hashes)},
-        "mm_placeholders": {"image": placeholders},
+        "mm_hashes": per_modality,
+        "mm_placeholders": {
+            m: [{"offset": r.offset, "length": r.length} for r in result.mm_placeholders.get(m, [])]
+            for m in per_modality
+        },
         "kwargs_data": None,
         "mm_metadata": None,
     }
     if tensors:
-        kwargs_data, metadata = encode_items(result.items)
-        features["kwargs_data"] = {"image": [str(v) for v in kwargs_data]}
-        features["mm_metadata"] = {"image": [str(v) for v in metadata]}
+        kwargs_data, metadata = encode_items(result.items, float_dtype=float_dtype)
+        features["kwargs_data"], features["mm_metadata"] = {}, {}
+        for m in per_modality:
+            picked = [i for i, item in enumerate(result.items) if item.modality == m]
+            features["kwargs_data"][m] = [str(kwargs_data[i]) for i in picked]
+            features["mm_metadata"][m] = [str(metadata[i]) for i in picked]
     return features
 
 
@@ -413,10 +530,12 @@ def generate_request(
     }
 
 
-def _wire_value(key: str, item: MultiModalKwargsItem) -> Any:
+def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype | None) -> Any:
     """``item[key]`` as vLLM's item holds it (repeated rows as a view the codec expands)."""
     value = item.data[key]
     config = item.fields[key]
+    if float_dtype is not None and isinstance(value, torch.Tensor) and value.is_floating_point():
+        value = value.to(float_dtype)  # as vLLM's processor output (BatchFeature's rule)
     if isinstance(value, torch.Tensor) and config.repeat is not None:
         view = config.repeat.expand(value)
         if view.dtype in _NUMPY_DTYPES and not view.is_cuda:
@@ -441,31 +560,30 @@ def _field(key: str, config: Any, slices: list[Any]) -> Field:
 
 
 def encode_items(
-    items: Sequence[MultiModalKwargsItem],
+    items: Sequence[MultiModalKwargsItem], *, float_dtype: torch.dtype | None = None
 ) -> tuple[list[PiecesString], list[PiecesString]]:
     """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, each as the
     base64 pieces the response writer sends without joining them (CPU work: call it in a
-    worker thread).
+    worker thread). ``float_dtype``: floating-point tensors are cast to it (vLLM's model dtype).
 
     A flat field's slices describe the whole request's batch (every item carries all of them,
     as vLLM's do).
     """
     slices: dict[str, list[Any]] = {}
-    for key in _ordered(items[0].data) if items else ():
-        config = items[0].fields[key]
-        if isinstance(config, MultiModalFieldConfig) and config.kind is not FieldKind.FLAT:
-            continue  # only flat fields have slices (a batched item may be a 0-d tensor)
-        start, runs = 0, []
-        for item in items:
-            value = item.data[key]
-            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) else 1
-            runs.append([[start, start + rows, None]])
-            start += rows
-        slices[key] = runs
+    starts: dict[str, int] = {}
+    for item in items:  # per flat key, over the items that have it (an image has no video keys)
+        for key, value in item.data.items():
+            config = item.fields[key]
+            if isinstance(config, MultiModalFieldConfig) and config.kind is not FieldKind.FLAT:
+                continue
+            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else 1
+            start = starts.get(key, 0)
+            slices.setdefault(key, []).append([[start, start + rows, None]])
+            starts[key] = start + rows
     kwargs_data, metadata = [], []
     for item in items:
         entries = {
-            k: (_wire_value(k, item), _field(k, item.fields[k], slices.get(k, [])))
+            k: (_wire_value(k, item, float_dtype), _field(k, item.fields[k], slices.get(k, [])))
             for k in _ordered(item.data)
         }
         kwargs_data.append(PiecesString(encode_item_pieces(entries)))

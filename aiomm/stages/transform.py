@@ -51,6 +51,11 @@ class Decoder(Protocol):
         ...
 
 
+#: a decoder may also define ``probe_video(data) -> VideoInfo``, the video header its frames are
+#: sampled from (default :func:`aiomm.video.probe_video`, HF's ``read_video_pyav`` rule), and
+#: ``sample_video(info) -> indices``, which then replaces the processor's ``sample_frames``
+
+
 class PillowDecoder:
     """The default decoder: Pillow, with the limits of a :class:`DecodeConfig`.
 
@@ -185,8 +190,10 @@ class TransformStage(Stage):
             load: Callable[[], VideoClip]
             if isinstance(raw, (bytes, bytearray, memoryview)):
                 data = bytes(raw)
-                info = await anyio.to_thread.run_sync(probe_video, data, limiter=self.limiter)
-                indices = processor.sample_frames(info, kwargs)
+                probe = getattr(self.decoder, "probe_video", probe_video)
+                info = await anyio.to_thread.run_sync(probe, data, limiter=self.limiter)
+                sample = getattr(self.decoder, "sample_video", None)
+                indices = sample(info) if sample else processor.sample_frames(info, kwargs)
                 check_budget(info, indices, **limits._asdict())
                 nbytes = sampled_bytes(info, len(indices))
 

@@ -19,6 +19,8 @@ from aiomm.server import ServerConfig, create_app  # noqa: E402
 
 #: the path the fixtures' vLLM server was given: it is part of every mm_hash
 RECORDED_MODEL = "/tmp/vllm-probe/qwen2vl"
+#: the same for the Qwen2.5-VL video fixtures (``fixtures_qwen2_5_vl/``)
+RECORDED_MODEL_QWEN2_5 = "/tmp/vllm-probe/qwen25vl"
 
 
 def free_port() -> int:
@@ -79,4 +81,19 @@ def live_server(
     )
     with LiveServer(config) as server:
         server.media = media  # type: ignore[attr-defined]
+        yield server
+
+
+@pytest.fixture(scope="module")
+def live_server_qwen2_5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for the Qwen2.5-VL variant of the folder (``second_per_grid_ts``)."""
+    from qwen2vl_folder import build_folder
+
+    folder = build_folder(tmp_path_factory.mktemp("qwen25vl"), variant="qwen2_5_vl")
+    config = ServerConfig(
+        model=str(folder),
+        model_id=RECORDED_MODEL_QWEN2_5,
+        served_model_names=(RECORDED_MODEL_QWEN2_5,),
+    )
+    with LiveServer(config) as server:
         yield server

@@ -12,6 +12,12 @@ The recorded fixtures came from vLLM 0.33.0 (the ``shared/vllm_probe`` environme
 
 Each case is written as ``fixtures/<case>.json``: ``{"path", "body", "status", "response"}``.
 Images are small and seeded, embedded in the bodies as data URLs (the bytes the hashes cover).
+The Qwen2.5-VL video fixtures (``fixtures_qwen2_5_vl/``) came from a server for the folder
+``tests/support/qwen2vl_folder.py`` builds with ``variant="qwen2_5_vl"`` at
+``/tmp/vllm-probe/qwen25vl`` (``--model /tmp/vllm-probe/qwen25vl --out
+tests/server/fixtures_qwen2_5_vl --only video_...``). The video cases need the server started
+with videos allowed (``LIMIT_MM='{"image": 4, "video":
+2}'``); their clips are made here with PyAV (seeded frames, a few codecs and containers).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import base64
 import io
 import json
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -75,18 +82,109 @@ def images() -> dict[str, tuple[str, bytes]]:
     return out
 
 
+def _clip(
+    codec: str,
+    fmt: str,
+    size: tuple[int, int],
+    frames: int,
+    fps: int | Fraction,
+    seed: int,
+    *,
+    vfr: bool = False,
+) -> bytes:
+    """A seeded clip: a moving gradient with a little noise (compresses to a few KB); ``vfr``:
+    frames 33, 66 or 100 ms apart."""
+    import av
+
+    width, height = size
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if vfr:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        pts = 0
+        for i in range(frames):
+            rgb = np.stack(
+                [(x * 255 // width + 9 * i) % 256, (y * 255 // height + 5 * i) % 256, (x + y) // 2],
+                axis=-1,
+            ).astype(np.float32)
+            rgb = np.clip(rgb + rng.normal(0, 4, rgb.shape), 0, 255).astype(np.uint8)
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            if vfr:
+                frame.pts, frame.time_base = pts, Fraction(1, 1000)
+                pts += int(rng.choice([33, 66, 100]))
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def _noise_clip(size: int, frames: int, fps: int, seed: int) -> bytes:
+    """A nearly lossless H.264 clip of noise: larger than its sampled frames decoded, so vLLM
+    hashes the frames instead of the bytes."""
+    import av
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": "5"}
+        for _ in range(frames):
+            rgb = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def videos() -> dict[str, tuple[str, bytes]]:
+    """name -> (mime type, encoded bytes): H.264/MP4, VP9/WebM (no frame count in the header),
+    MPEG-4 Part 2/MP4 and VP8/WebM, at sizes that are not multiples of the patch size."""
+    return {
+        "h264": ("video/mp4", _clip("libx264", "mp4", (96, 64), 20, 10, 11)),
+        "vp9": ("video/webm", _clip("libvpx-vp9", "webm", (78, 54), 16, 8, 12)),
+        "mpeg4": ("video/mp4", _clip("mpeg4", "mp4", (70, 50), 18, 6, 13)),
+        "vp8": ("video/webm", _clip("libvpx", "webm", (66, 90), 12, 4, 14)),
+        "noise": ("video/mp4", _noise_clip(24, 20, 20, 15)),
+        # 34 frames at 4.5 fps: vLLM's float32 index range has 15 entries, the last one past the
+        # end and read as the last frame, so 15 frames (an odd count) are processed
+        "odd_count": ("video/mp4", _clip("libx264", "mp4", (56, 56), 34, Fraction(9, 2), 16)),
+        # variable frame rates: vLLM replaces the header's count (MP4) or the duration's estimate
+        # (Matroska) by OpenCV's position after seeking to the end
+        "vfr_mkv": (
+            "video/x-matroska",
+            _clip("libx264", "matroska", (28, 50), 77, Fraction(30000, 1001), 17, vfr=True),
+        ),
+        "vfr_mp4": (
+            "video/mp4",
+            _clip("mpeg4", "mp4", (60, 44), 82, Fraction(30000, 1001), 17, vfr=True),
+        ),
+    }
+
+
 def data_url(img: tuple[str, bytes]) -> str:
     return f"data:{img[0]};base64,{base64.b64encode(img[1]).decode()}"
 
 
-def cases() -> dict[str, tuple[str, dict[str, Any]]]:
+def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
     im = images()
+    vi = videos()
 
     def part(name: str, **extra: Any) -> dict[str, Any]:
         return {"type": "image_url", "image_url": {"url": data_url(im[name])}, **extra}
 
+    def video(name: str, **extra: Any) -> dict[str, Any]:
+        return {"type": "video_url", "video_url": {"url": data_url(vi[name])}, **extra}
+
     def chat(messages: list[dict[str, Any]], **extra: Any) -> tuple[str, dict[str, Any]]:
-        return "/v1/chat/completions/render", {"model": MODEL, "messages": messages, **extra}
+        return "/v1/chat/completions/render", {"model": model, "messages": messages, **extra}
 
     def user(*parts: dict[str, Any]) -> dict[str, Any]:
         return {"role": "user", "content": list(parts)}
@@ -194,6 +292,49 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
                 )
             ]
         ),
+        "video_h264": chat([user({"type": "text", "text": "Describe this video."}, video("h264"))]),
+        "video_webm_vp9": chat([user(video("vp9"), {"type": "text", "text": "What happens?"})]),
+        "video_and_image": chat(
+            [user({"type": "text", "text": "Compare."}, part("jpeg"), video("mpeg4"))]
+        ),
+        "video_two": chat(
+            [user({"type": "text", "text": "Compare."}, video("vp8"), video("h264"))]
+        ),
+        "video_mm_none": chat([user(text, video("vp9"), part("png"))], mm_payload="none"),
+        "video_hashed_frames": chat([user(text, video("noise"))]),
+        "video_odd_frame_count": chat([user(text, video("odd_count"))]),
+        "video_vfr_mkv": chat([user(text, video("vfr_mkv"))]),
+        "video_vfr_mp4": chat([user(text, video("vfr_mp4"))]),
+        "video_uuid": chat([user(text, video("mpeg4", uuid="client-video-0001"))]),
+        "error_responses_video": (
+            "/v1/responses/render",
+            {
+                "model": MODEL,
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "Describe this video."},
+                            {"type": "video_url", "video_url": {"url": data_url(vi["vp8"])}},
+                        ],
+                    }
+                ],
+            },
+        ),
+        "error_bad_video": chat(
+            [
+                user(
+                    text,
+                    {
+                        "type": "video_url",
+                        "video_url": {
+                            "url": "data:video/mp4;base64,"
+                            + base64.b64encode(b"not a video at all").decode()
+                        },
+                    },
+                )
+            ]
+        ),
         "error_unknown_model": (
             "/v1/chat/completions/render",
             {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
@@ -208,10 +349,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", default="http://127.0.0.1:18100")
     parser.add_argument("--only", nargs="*")
+    parser.add_argument("--model", default=MODEL, help="the model path the server was given")
+    parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args()
-    HERE.mkdir(exist_ok=True)
+    args.out.mkdir(exist_ok=True)
     with httpx.Client(base_url=args.url, timeout=120) as client:
-        for name, (path, body) in cases().items():
+        for name, (path, body) in cases(args.model).items():
             if args.only and name not in args.only:
                 continue
             resp = client.post(path, json=body)
@@ -220,7 +363,7 @@ def main() -> None:
             except ValueError:
                 payload = resp.text
             record = {"path": path, "body": body, "status": resp.status_code, "response": payload}
-            (HERE / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+            (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
             print(name, resp.status_code, len(resp.content))
 
 

@@ -74,6 +74,36 @@ def test_chat_sync(gateway: Any, model_folder: Path) -> None:
     assert out.usage.completion_tokens == len(script)
 
 
+def test_chat_with_a_video(gateway: Any, model_folder: Path) -> None:
+    from record_fixtures import data_url, videos
+
+    server, standin, _ = gateway
+    clips = videos()
+    messages = _messages(_png(9), text="What changes between these?")
+    messages[0]["content"].append(
+        {"type": "video_url", "video_url": {"url": data_url(clips["vp9"])}}
+    )
+    out = _client(server).chat.completions.create(model=str(model_folder), messages=messages)
+    assert out.choices[0].message.content == REPLY
+    body = standin.seen[-1]
+    assert validate(body) == []
+    assert [len(body["features"]["mm_placeholders"][m]) for m in ("image", "video")] == [1, 1]
+    # a video of 16 frames at 8 fps sampled at 2 fps: 4 frames, 2 temporal patches
+    assert body["features"]["mm_placeholders"]["video"][0]["length"] == 2 * 2 * 3
+    with pytest.raises(openai.BadRequestError, match="DecodeError"):
+        _client(server).chat.completions.create(
+            model=str(model_folder),
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "video_url", "video_url": {"url": data_url(("video/mp4", b"x"))}}
+                    ],
+                }
+            ],
+        )
+
+
 def test_chat_sync_stream(gateway: Any, model_folder: Path) -> None:
     server, standin, _ = gateway
     stream = _client(server).chat.completions.create(

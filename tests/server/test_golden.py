@@ -2,8 +2,8 @@
 
 Every fixture in ``fixtures/`` is a request body and vLLM's response (see
 ``record_fixtures.py``); aiomm must give the same token ids, placeholders, mm_hashes, metadata,
-sampling params and tensors bit for bit, and its msgpack items must decode to the same
-structure (and, with vLLM's key order, the same bytes).
+sampling params and tensors bit for bit (images and videos), and its msgpack items must decode
+to the same structure (and, with vLLM's key order, the same bytes).
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ from aiomm.server.kwargs_codec import decode_item
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
+#: videos rendered for a Qwen2.5-VL folder: ``second_per_grid_ts`` (bfloat16, kept on the CPU)
+FIXTURES_QWEN2_5 = Path(__file__).parent / "fixtures_qwen2_5_vl"
+CASES_QWEN2_5 = sorted(p.stem for p in FIXTURES_QWEN2_5.glob("*.json"))
 _RANDOM_KEYS = {"request_id"}
 
 
-def _load(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+def _load(name: str, folder: Path = FIXTURES) -> dict[str, Any]:
+    return json.loads((folder / f"{name}.json").read_text())
 
 
 def _assert_items_equal(ours: list[str | None], theirs: list[str | None], what: str) -> None:
@@ -57,16 +60,32 @@ def _compare(ours: dict[str, Any], theirs: dict[str, Any], name: str) -> None:
                 if f_theirs[part] is None:
                     assert f_ours[part] is None, (name, part)
                 else:
-                    _assert_items_equal(
-                        f_ours[part]["image"], f_theirs[part]["image"], f"{name}.{part}"
-                    )
+                    assert set(f_ours[part]) == set(f_theirs[part]), (name, part)
+                    for modality in f_theirs[part]:
+                        _assert_items_equal(
+                            f_ours[part][modality],
+                            f_theirs[part][modality],
+                            f"{name}.{part}.{modality}",
+                        )
         else:
             assert ours[key] == theirs[key], f"{name}: {key}"
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_matches_vllm(live_server: Any, name: str) -> None:
-    case = _load(name)
+    _check(live_server, _load(name), name)
+
+
+@pytest.mark.parametrize("name", CASES_QWEN2_5)
+def test_qwen2_5_vl_videos_match_vllm(live_server_qwen2_5: Any, name: str) -> None:
+    case = _load(name, FIXTURES_QWEN2_5)
+    _check(live_server_qwen2_5, case, name)
+    metadata = case["response"]["features"]["mm_metadata"]
+    if metadata is not None:  # the field this folder exists for
+        assert all("second_per_grid_ts" in decode_item(m) for m in metadata["video"])
+
+
+def _check(live_server: Any, case: dict[str, Any], name: str) -> None:
     resp = httpx.post(live_server.url + case["path"], json=case["body"], timeout=60)
     assert resp.status_code == case["status"], resp.text
     ours, theirs = resp.json(), case["response"]
@@ -97,6 +116,20 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
         "responses_input_image",
         "messages_anthropic",
         "chat_mm_none",
+        # videos (video_url parts): H.264/MP4, VP9/WebM, MPEG-4, VP8/WebM
+        "video_h264",
+        "video_webm_vp9",
+        "video_and_image",
+        "video_two",
+        "video_mm_none",
+        "video_uuid",
+        "video_hashed_frames",  # encoded bytes above the sampled frames': vLLM hashes the frames
+        "video_odd_frame_count",  # vLLM's clamped index range: 15 frames
+        "video_vfr_mkv",  # variable frame rates: OpenCV's end-of-stream position as the count
+        "video_vfr_mp4",
+        "error_bad_video",
     }
     assert wanted <= set(CASES)
-    assert sum(p.stat().st_size for p in FIXTURES.glob("*.json")) < 4 << 20
+    assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN2_5)
+    files = [*FIXTURES.glob("*.json"), *FIXTURES_QWEN2_5.glob("*.json")]
+    assert sum(p.stat().st_size for p in files) < 4 << 20

@@ -61,6 +61,12 @@ SAMPLING = {
     "skip_reading_prefix_cache": bool,
 }
 IMAGE_PAD = 151655
+#: each modality's pad token, and its grid and pixel keys in an item
+PADS = {"image": IMAGE_PAD, "video": 151656}
+KEYS = {
+    "image": ("image_grid_thw", "pixel_values"),
+    "video": ("video_grid_thw", "pixel_values_videos"),
+}
 
 
 def validate(body: Any, *, image_token_id: int = IMAGE_PAD, runs: bool = True) -> list[str]:
@@ -119,11 +125,12 @@ def _validate_features(
             ):
                 errors.append(f"bad placeholder {r}")
                 continue
+            pad = image_token_id if modality == "image" else PADS.get(modality)
             inside = ids[off : off + length]
-            if off + length > len(ids) or image_token_id not in inside:
-                errors.append(f"placeholder {r} holds no image token inside token_ids")
-            elif runs and any(t != image_token_id for t in inside):
-                errors.append(f"placeholder {r} is not a run of image pads inside token_ids")
+            if off + length > len(ids) or pad not in inside:
+                errors.append(f"placeholder {r} holds no {modality} token inside token_ids")
+            elif runs and any(t != pad for t in inside):
+                errors.append(f"placeholder {r} is not a run of {modality} pads inside token_ids")
             end = off + length
         for part in ("kwargs_data", "mm_metadata"):
             data = feats[part]
@@ -138,24 +145,25 @@ def _validate_features(
                 except ValueError as exc:
                     errors.append(f"{part}: {exc}")
                     continue
-                if not runs and "image_grid_thw" not in item:
+                grid_key, pixels_key = KEYS.get(modality, KEYS["image"])
+                if not runs and grid_key not in item:
                     if part == "kwargs_data" and not any(
                         isinstance(v, TensorValue) and v.data for v, _ in item.values()
                     ):
                         errors.append(f"{part}: an item without tensors")
                     continue
-                grid = item.get("image_grid_thw", (None,))[0]
+                grid = item.get(grid_key, (None,))[0]
                 if not isinstance(grid, TensorValue):
-                    errors.append(f"{part}: image_grid_thw missing")
+                    errors.append(f"{part}: {grid_key} missing")
                     continue
                 t, h, w = (int(x) for x in grid.array())
                 if t * h * w // 4 != r["length"]:
                     errors.append(f"{part}: grid {t, h, w} does not give {r['length']} tokens")
-                pixels = item.get("pixel_values", (None,))[0]
+                pixels = item.get(pixels_key, (None,))[0]
                 if part == "kwargs_data" and (
                     not isinstance(pixels, TensorValue) or pixels.shape[0] != t * h * w
                 ):
-                    errors.append("kwargs_data: pixel_values rows differ from the grid")
+                    errors.append(f"kwargs_data: {pixels_key} rows differ from the grid")
     return errors
 
 

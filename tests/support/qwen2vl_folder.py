@@ -129,8 +129,12 @@ def _tokenizer_json() -> dict[str, Any]:
     return data
 
 
-def build_folder(path: Path) -> Path:
-    """Write the folder into ``path`` and return it."""
+def build_folder(path: Path, *, variant: str = "qwen2_vl") -> Path:
+    """Write the folder into ``path`` and return it.
+
+    ``variant="qwen2_5_vl"``: the same tokenizer and template with Qwen2.5-VL-3B's configuration
+    (its vision tower's shape; no weights), for the Qwen2.5-VL video fixtures.
+    """
     path.mkdir(parents=True, exist_ok=True)
     vision = {
         "depth": 32,
@@ -226,6 +230,35 @@ def build_folder(path: Path) -> Path:
         "chat_template.json": {"chat_template": TEMPLATE},
         "tokenizer_config.json": tokenizer_config,
     }
+    if variant == "qwen2_5_vl":
+        config.update(
+            architectures=["Qwen2_5_VLForConditionalGeneration"],
+            model_type="qwen2_5_vl",
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_attention_heads=16,
+            num_hidden_layers=36,
+            max_window_layers=70,
+            vision_config={
+                "depth": 32,
+                "hidden_act": "silu",
+                "hidden_size": 1280,
+                "intermediate_size": 3420,
+                "num_heads": 16,
+                "in_chans": 3,
+                "out_hidden_size": 2048,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "spatial_patch_size": 14,
+                "window_size": 112,
+                "fullatt_block_indexes": [7, 15, 23, 31],
+                "tokens_per_second": 2,
+                "temporal_patch_size": 2,
+            },
+        )
+        preprocessor["processor_class"] = "Qwen2_5_VLProcessor"
+    elif variant != "qwen2_vl":
+        raise ValueError(f"unknown variant {variant!r}")
     for name, obj in files.items():
         (path / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False))
     (path / "tokenizer.json").write_text(json.dumps(_tokenizer_json(), ensure_ascii=False))

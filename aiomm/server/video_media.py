@@ -1,0 +1,199 @@
+"""Videos read the way vLLM's render server reads them for Qwen2-VL and Qwen2.5-VL.
+
+vLLM 0.33 loads a ``video_url`` with the ``Qwen2VLVideoBackend`` loader over the OpenCV codec
+(``VLLM_VIDEO_LOADER_BACKEND`` and ``media_io_kwargs`` left at their defaults). The rule:
+
+* **Header** (OpenCV's FFmpeg capture): the frame rate is the stream's average rate, else
+  FFmpeg's guessed rate; the frame count is the stream's ``nb_frames``, else
+  ``floor(duration * fps + 0.5)`` with the container's duration (the stream's when the container
+  has none), else the number of demuxed packets (streamed WebM, raw H.264). A count more than one
+  frame above OpenCV's position after seeking to the end (a variable frame rate, an MP4 edit
+  list) is replaced by that position, as vLLM does; PyAV replays OpenCV's seek with the same
+  FFmpeg. Sampled frames past the frames really there are skipped, as vLLM's reader skips them.
+* **Sampling** (a port of HF's ``Qwen2VLVideoProcessor.sample_frames`` in fps mode, whatever the
+  HF processor's own ``do_sample_frames``): ``total / fps * 2`` frames, clamped to
+  ``[4, min(768, total)]``, floored to a multiple of the temporal patch (2), at the indices
+  ``torch.arange(0, total, total / n).int()`` clamped to the last frame. That float32 range often
+  has one index more than ``n``, equal to ``total`` (30 frames at 2.2 fps, 34 at 4.5 fps): vLLM
+  then reads the last frame in its place, so an odd number of frames can come out, where HF's own
+  sampling would fail. The engine samples with this rule through :class:`VllmDecoder`'s
+  ``sample_video`` (:mod:`aiomm.server.media`).
+* **Frames**: decoded in stream order and converted to RGB by FFmpeg's swscale. PyAV's
+  ``to_ndarray(format="rgb24")`` gives the same bytes as OpenCV's BGR decode flipped to RGB
+  (checked on H.264 4:2:0 and 4:4:4, VP8, VP9, MPEG-4 Part 2 and MJPEG with the same FFmpeg),
+  so the engine's own PyAV decode is used, in its worker threads and under its byte budget.
+* **Hash**: the item hashed is ``(encoded bytes, metadata)``: see :func:`hash_metadata` and
+  :func:`aiomm.server.mm_hash.video_mm_hash`.
+
+Known difference: vLLM skips frames it cannot decode where aiomm refuses the video (a typed 400).
+The seek costs a decode of the stream's last group of pictures, as it does in vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from aiomm.errors import DecodeError, EmptyVideoError
+from aiomm.video import VideoInfo, _av, _open
+
+__all__ = (
+    "QWEN2_VIDEO_PROCESSORS",
+    "VllmVideoInfo",
+    "hash_metadata",
+    "probe_video_vllm",
+    "sample_indices",
+)
+
+#: HF video processors whose videos vLLM loads with ``Qwen2VLVideoBackend`` (Qwen2-VL and
+#: Qwen2.5-VL); other models' loaders sample otherwise
+QWEN2_VIDEO_PROCESSORS = frozenset({"Qwen2VLVideoProcessor"})
+_MAX_FPS = 30
+
+
+@dataclass(frozen=True)
+class VllmVideoInfo(VideoInfo):
+    """A header as OpenCV reports it, and, when its frame count was estimated from the duration,
+    the frames a reader really gets (the demuxed packets): vLLM skips the sampled frames past
+    them, and so does :func:`sample_indices`."""
+
+    readable_frames: int | None = None
+
+
+def _rate(value: Any) -> float:
+    return float(value) if value else 0.0
+
+
+def _end_position(data: bytes, total: int, fps: float) -> tuple[int, bool]:
+    """OpenCV's ``CAP_PROP_POS_FRAMES`` after ``set(CAP_PROP_POS_AVI_RATIO, 1.0)`` (its
+    ``CvCapture_FFMPEG::seek`` to frame ``total``: a backward seek to ``total - delta`` frames'
+    time, the landing frame numbered by its timestamp, then read to the end), and whether the
+    stream ended there. vLLM's metadata rule takes this position over a larger header count."""
+    av = _av()
+    container = _open(data)
+    try:
+        stream = container.streams.video[0]
+        start = stream.start_time or 0
+        time_base = float(stream.time_base)
+
+        def number(frame: Any) -> int:  # OpenCV's dts_to_frame_number
+            return int((frame.pts - start) * time_base * fps + 0.5)
+
+        first_frame = next(container.decode(stream), None)
+        if first_frame is None or first_frame.pts is None:
+            return total, False
+        first = number(first_frame)
+        delta, position = 16, total
+        while True:
+            back = max(total - delta, 0)
+            container.seek(start + int(back / fps / time_base + 0.5), backward=True, stream=stream)
+            frames = container.decode(stream)
+            frame = next(frames, None)
+            if frame is None or frame.pts is None:
+                return total, False
+            position = number(frame) - first
+            if position < 0 or position > total - 1:
+                if back == 0:
+                    return position, False
+                delta = delta * 2 if delta < 16 else delta * 3 // 2
+                continue
+            while position < total - 1 and next(frames, None) is not None:
+                position += 1
+            return position + 1, next(frames, None) is None
+    except (av.FFmpegError, ValueError, OverflowError):
+        return total, False  # no usable position: the header's count stands
+    finally:
+        container.close()
+
+
+def probe_video_vllm(data: bytes) -> VideoInfo:
+    """The header of the video in ``data`` as vLLM's OpenCV capture reports it.
+
+    :raises DecodeError: not a video FFmpeg can open, or no frame rate.
+    :raises EmptyVideoError: no video stream, or zero frames.
+    """
+    av = _av()
+    container = _open(data)
+    try:
+        stream = container.streams.video[0]
+        fps = _rate(stream.average_rate) or _rate(stream.guessed_rate)
+        total = int(stream.frames)
+        readable = None
+        if total == 0:
+            if container.duration is not None and container.duration > 0:
+                seconds = container.duration / 1_000_000  # AV_TIME_BASE
+            elif stream.duration is not None and stream.time_base:
+                seconds = float(stream.duration * stream.time_base)
+            else:
+                seconds = -1.0
+            total = math.floor(seconds * fps + 0.5)
+            readable = sum(1 for p in container.demux(stream) if p.size)
+        if total <= 0:  # vLLM counts the demuxed packets then
+            total = readable if readable is not None else 0
+        elif total > 1:
+            visible, at_end = _end_position(data, total, fps)
+            if at_end and 0 < visible < total - 1:
+                total = visible  # vLLM trusts its end-of-stream position over the header
+        height, width = int(stream.height), int(stream.width)
+    except av.FFmpegError as exc:
+        raise DecodeError(f"corrupt video header: {exc}") from exc
+    finally:
+        container.close()
+    if total <= 0:
+        raise EmptyVideoError("the video stream has no frames")
+    if fps <= 0:
+        raise DecodeError("the video has no frame rate (variable or unknown): cannot sample it")
+    return VllmVideoInfo(total, fps, height, width, readable_frames=readable)
+
+
+def sample_indices(
+    info: VideoInfo,
+    *,
+    fps: float = 2,
+    min_frames: int = 4,
+    max_frames: int = 768,
+    temporal_patch_size: int = 2,
+) -> list[int]:
+    """The frame indices vLLM's ``Qwen2VLVideoBackend`` reads from a video of ``info``: its
+    clamped indices without repeats, as its reader keeps them, and none past the frames a reader
+    gets (:class:`VllmVideoInfo`; an estimated count can exceed them).
+
+    :raises DecodeError: a video too short to sample (fewer frames than a temporal patch).
+    :raises EmptyVideoError: no sampled frame can be read.
+    """
+    total = info.total_num_frames
+    tps = temporal_patch_size
+    top = math.floor(min(min(max_frames, 768), total) / tps) * tps
+    if not info.fps:
+        raise DecodeError("sampling a video needs its frame rate")
+    n: float = total / info.fps * min(fps, _MAX_FPS)
+    n = min(max(n, min_frames), top, total)
+    n = math.floor(n / tps) * tps
+    if n <= 0:
+        raise DecodeError(f"a video of {total} frames is too short to sample ({tps} at least)")
+    indices = torch.arange(0, total, total / n).int()
+    kept = sorted(set(torch.clamp(indices, max=total - 1).tolist()))
+    readable = getattr(info, "readable_frames", None)
+    if readable is not None:
+        kept = [i for i in kept if i < readable]
+        if not kept:
+            raise EmptyVideoError("none of the sampled frames can be read")
+    return kept
+
+
+def hash_metadata(info: VideoInfo, indices: list[int]) -> dict[str, Any]:
+    """The metadata dict vLLM's loader returns with the frames (part of the item's hash; the key
+    order is vLLM's)."""
+    fps = float(info.fps or 0.0)
+    total = info.total_num_frames
+    return {
+        "total_num_frames": total,
+        "fps": fps,
+        "duration": total / fps if fps > 0 else 0,
+        "video_backend": "opencv",
+        "frames_indices": list(indices),
+        "do_sample_frames": len(indices) == total,
+    }

@@ -1,0 +1,188 @@
+"""The server's video rule against OpenCV, the codec vLLM 0.33's render server decodes with.
+
+vLLM reads a ``video_url`` with OpenCV's FFmpeg capture (``VLLM_VIDEO_LOADER_BACKEND=opencv``):
+the header's frame count and rate, then ``grab``/``retrieve`` in stream order and BGR->RGB. Here
+that path is replayed with OpenCV itself (as ``vllm/multimodal/video_decoders/opencv.py`` does it)
+on clips made with PyAV, and aiomm's PyAV probe and decode must give the same header, indices
+and frames, byte for byte.
+"""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av")
+cv2 = pytest.importorskip("cv2")
+
+from aiomm.errors import DecodeError, EmptyVideoError  # noqa: E402
+from aiomm.server.video_media import hash_metadata, probe_video_vllm, sample_indices  # noqa: E402
+from aiomm.video import decode_video  # noqa: E402
+
+
+def _clip(
+    codec: str,
+    fmt: str,
+    size: tuple[int, int],
+    frames: int,
+    fps: int | Fraction,
+    pix: str,
+    tags: tuple[int, int] | None = None,
+    vfr: bool = False,
+) -> bytes:
+    width, height = size
+    rng = np.random.default_rng(frames * 7 + width)
+    y, x = np.mgrid[0:height, 0:width]
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, pix
+        if tags is not None:  # (colour space, range) tags, e.g. BT.709 full range
+            stream.codec_context.colorspace, stream.codec_context.color_range = tags
+        if vfr:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        pts = 0
+        for i in range(frames):
+            rgb = np.stack([(x * 3 + 9 * i) % 256, (y * 4 + 5 * i) % 256, (x + y) % 256], axis=-1)
+            rgb = np.clip(rgb + rng.normal(0, 10, rgb.shape), 0, 255).astype(np.uint8)
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            if vfr:  # frames 33, 66 or 100 ms apart
+                frame.pts, frame.time_base = pts, Fraction(1, 1000)
+                pts += int(rng.choice([33, 66, 100]))
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+CLIPS = {
+    "h264_420": ("libx264", "mp4", (78, 46), 14, 7, "yuv420p"),
+    "h264_444_odd": ("libx264", "mp4", (77, 45), 23, 9, "yuv444p"),
+    "vp9_webm": ("libvpx-vp9", "webm", (64, 40), 16, 8, "yuv420p"),
+    "vp8_webm": ("libvpx", "webm", (50, 66), 25, 5, "yuv420p"),
+    "mpeg4": ("mpeg4", "mp4", (70, 50), 40, 12, "yuv420p"),
+    "mjpeg_avi": ("mjpeg", "avi", (60, 44), 9, 4, "yuvj420p"),
+    # tagged BT.709, full range: both decoders convert with swscale's defaults alike
+    "h264_bt709_full": ("libx264", "mp4", (64, 48), 16, 8, "yuv420p", (1, 2)),
+    # variable frame rates: the header's count (or the duration's estimate) is not the frames
+    # there, and vLLM takes OpenCV's end-of-stream position instead
+    "vfr_h264_mkv": (
+        "libx264",
+        "matroska",
+        (28, 50),
+        77,
+        Fraction(30000, 1001),
+        "yuv420p",
+        None,
+        True,
+    ),
+    "vfr_mpeg4_mp4": ("mpeg4", "mp4", (80, 102), 82, Fraction(30000, 1001), "yuv420p", None, True),
+    "vfr_vp8_webm": ("libvpx", "webm", (24, 102), 11, 112, "yuv420p", None, True),
+}
+
+
+def _opencv_capture(data: bytes, params: list[int]) -> tuple[object, io.BytesIO]:
+    api = None
+    registry = cv2.videoio_registry
+    for backend in registry.getStreamBufferedBackends():
+        if registry.hasBackend(backend):
+            api = backend
+            break
+    buf = io.BytesIO(data)  # must outlive the capture
+    return cv2.VideoCapture(buf, api, params), buf
+
+
+def _opencv_read(data: bytes, sample: object) -> tuple[int, float, list[int], np.ndarray]:
+    """vLLM's OpenCV path (``get_video_metadata``, then ``_read_frames_no_recovery``): (frame
+    count, fps, the indices read, RGB frames)."""
+    cap, _buf = _opencv_capture(data, [])
+    assert cap.isOpened()
+    total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    fps = cap.get(cv2.CAP_PROP_FPS)
+    if total <= 0:
+        demux, _b = _opencv_capture(data, [cv2.CAP_PROP_FORMAT, -1])
+        while demux.grab():
+            total += 1
+        demux.release()
+    elif cap.set(cv2.CAP_PROP_POS_AVI_RATIO, 1.0):
+        visible = int(cap.get(cv2.CAP_PROP_POS_FRAMES))
+        if not cap.grab() and 0 < visible < total - 1:
+            total = visible
+    cap.release()
+    from aiomm.video import VideoInfo
+
+    indices = sample(VideoInfo(total, fps, 1, 1))  # type: ignore[operator]
+    cap, _buf = _opencv_capture(data, [])
+    wanted, frames, read = set(indices), [], []
+    for idx in range(max(indices) + 1):
+        if not cap.grab():
+            continue  # vLLM skips frames it cannot grab
+        if idx in wanted:
+            ok, frame = cap.retrieve()
+            assert ok
+            frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+            read.append(idx)
+    cap.release()
+    return total, fps, read, np.stack(frames)
+
+
+@pytest.mark.parametrize("name", sorted(CLIPS))
+def test_header_indices_and_frames_equal_opencv(name: str) -> None:
+    data = _clip(*CLIPS[name])
+    total, fps, cv_indices, cv_frames = _opencv_read(data, sample_indices)
+    info = probe_video_vllm(data)
+    assert (info.total_num_frames, info.fps) == (total, fps)
+    indices = sample_indices(info)
+    assert indices == cv_indices
+    clip = decode_video(data, lambda _: indices, info=info)
+    assert clip.frames.shape == cv_frames.shape
+    assert np.array_equal(clip.frames, cv_frames)  # PyAV's swscale RGB == OpenCV's BGR, flipped
+
+
+def test_sampling_and_metadata_follow_vllm_qwen2_loader() -> None:
+    from aiomm.video import VideoInfo
+
+    # 2 fps, at least 4 frames, a multiple of the temporal patch, never more than the video has
+    assert sample_indices(VideoInfo(20, 10.0, 8, 8)) == [0, 5, 10, 15]
+    assert sample_indices(VideoInfo(300, 30.0, 8, 8)) == list(range(0, 300, 15))
+    assert sample_indices(VideoInfo(5, 30.0, 8, 8)) == [0, 1, 2, 3]
+    assert len(sample_indices(VideoInfo(100_000, 25.0, 8, 8))) == 768
+    # float32 steps give 15 indices for n = 14, the last one past the end: read as the last frame
+    odd = sample_indices(VideoInfo(34, 4.5, 8, 8))
+    assert len(odd) == 15 and odd[-2:] == [31, 33]
+    meta = hash_metadata(VideoInfo(20, 10.0, 8, 8), [0, 5, 10, 15])
+    assert meta == {
+        "total_num_frames": 20,
+        "fps": 10.0,
+        "duration": 2.0,
+        "video_backend": "opencv",
+        "frames_indices": [0, 5, 10, 15],
+        "do_sample_frames": False,
+    }
+    with pytest.raises(DecodeError, match="too short"):
+        sample_indices(VideoInfo(1, 30.0, 8, 8))
+
+
+def test_bad_videos_are_typed_errors() -> None:
+    with pytest.raises(DecodeError):
+        probe_video_vllm(b"not a video at all")
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=5)
+        stream.width, stream.height = 32, 32
+    with pytest.raises((EmptyVideoError, DecodeError)):
+        probe_video_vllm(buf.getvalue())
+
+
+def test_the_decoder_probes_each_video_once() -> None:
+    from aiomm.server.media import VllmDecoder
+
+    decoder = VllmDecoder()
+    data = _clip(*CLIPS["vp9_webm"])
+    first = decoder.probe_video(data)
+    assert decoder.probe_video(bytes(bytearray(data))) is first  # by content, not identity
+    assert decoder.sample_video(first) == sample_indices(first)
