@@ -38,6 +38,7 @@ from aiomm.adapters.folders import write_model_folder
 from aiomm.samples import encode, photo_like
 from aiomm.server import ServerConfig, create_app
 from aiomm.server.kwargs_codec import Field, TensorValue, decode_item
+from aiomm.server.render import model_float_dtype
 
 sys.path.insert(0, str(Path(__file__).parent))  # the upstream stand-in, as test_gateway does
 
@@ -118,6 +119,8 @@ class Reference:
 
         self.info = get_adapter_info(name)
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        #: vLLM casts floating-point outputs to the model's dtype (the folder's torch_dtype)
+        self.float_dtype = model_float_dtype(folder)
         self.processor = self.info.build_hf_processor(backend="torchvision")
 
     def image_token_id(self) -> int:
@@ -221,6 +224,8 @@ def _check_render(
                 # the HF processor's unnormalised pixels are whole numbers in a float tensor
                 assert torch.equal(want, want.round().clamp(0, 255)), f"{name}: {key}"
                 want = want.to(torch.uint8)
+            elif want.is_floating_point() and reference.float_dtype is not None:
+                want = want.to(reference.float_dtype)
             assert got.dtype == want.dtype, f"{name}: {key} dtype {got.dtype} != {want.dtype}"
             assert got.shape == want.shape, f"{name}: {key} shape {got.shape} != {want.shape}"
             assert torch.equal(got, want), f"{name}: item {i} {key} differs"
