@@ -354,8 +354,9 @@ class EngineConfig:
     #: on a CPU device: idle memory kept to back the next results (fresh pages for each
     #: request's tens of megabytes cost a fifth of the CPU; see ``aiomm.host_buffers``); 0 = off
     host_output_pool_bytes: int = 256 << 20
-    #: intra-op threads of torch, set once when the engine opens (None: leave the process
-    #: setting alone). Workers already run in parallel; 1 avoids oversubscribing the cores.
+    #: intra-op threads of torch, set once when the engine opens. None: 1 when several
+    #: transform threads run (they already use the cores, and torch's own pool would spin on
+    #: them: about half the CPU of a small image), else the process setting is left alone.
     torch_threads: int | None = None
     #: resize + patchify on the device (bit-exact to the CPU path): the CPU only decodes.
     #: None = on when the device is CUDA and the adapter's transform is a plain resize.

@@ -215,9 +215,12 @@ class Engine:
         # Process-wide settings: the last engine to close undoes them (aiomm.memory).
         memory.engine_opened()
         self._counted = True
-        if cfg.torch_threads is not None:
+        torch_threads = cfg.torch_threads
+        if torch_threads is None and cfg.transform_threads > 1:
+            torch_threads = 1
+        if torch_threads is not None and torch_threads != torch.get_num_threads():
             threads_before = torch.get_num_threads()
-            torch.set_num_threads(cfg.torch_threads)
+            torch.set_num_threads(torch_threads)
             memory.undo_on_last_close(
                 "torch_threads", lambda: torch.set_num_threads(threads_before)
             )

@@ -138,6 +138,7 @@ class _Connection:
     async def _recv(self) -> int:
         loop = asyncio.get_running_loop()
         if self.have == len(self.buf):
+            self.view.release()  # a bytearray with an exported view cannot grow
             self.buf.extend(bytes(len(self.buf)))
             self.view = memoryview(self.buf)
         n = await loop.sock_recv_into(self.sock, self.view[self.have :])

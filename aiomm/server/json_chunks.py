@@ -100,6 +100,8 @@ class ChunkedJSONResponse(Response):
     def __init__(
         self, chunks: list[bytes], status_code: int = 200, background: BackgroundTask | None = None
     ) -> None:
+        if not chunks:  # the last chunk ends the body: without one the response never ends
+            raise ValueError("a chunked JSON response needs at least one chunk")
         self.chunks = chunks
         self.body_length = sum(len(c) for c in chunks)
         self.status_code = status_code

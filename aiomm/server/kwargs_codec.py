@@ -10,6 +10,7 @@ msgpack forms, as vLLM's encoder (also msgspec) does, so the bytes are identical
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Mapping
@@ -120,8 +121,8 @@ class WireRows:
 
     @property
     def shape(self) -> list[int]:
-        n = int(self.array.shape[0]) if self.array.ndim else 1
-        return [n, int(self.array.size // n) if n else 0]
+        shape = self.array.shape
+        return [int(shape[0]), math.prod(shape[1:])] if shape else [1, 1]
 
 
 class _B64Writer:

@@ -39,12 +39,12 @@ def _length(n: int) -> bytes:
     return n.to_bytes(8, "little")
 
 
-def _framed(chunk: bytes) -> Iterator[bytes]:
+def _framed(chunk: bytes | memoryview) -> Iterator[bytes | memoryview]:
     yield _length(len(chunk))
     yield chunk
 
 
-def _value(obj: object) -> Iterator[bytes]:
+def _value(obj: object) -> Iterator[bytes | memoryview]:
     if obj is None:
         yield _NONE
     elif isinstance(obj, (list, tuple)):
@@ -65,7 +65,7 @@ def _value(obj: object) -> Iterator[bytes]:
         elif isinstance(obj, str):
             yield from _framed(obj.encode())
         elif isinstance(obj, memoryview):
-            yield from _framed(obj.cast("B").tobytes())
+            yield from _framed(obj.cast("B"))  # hashed in place, never copied
         elif isinstance(obj, (int, float)):
             yield from _framed(np.array(obj).tobytes())  # int64 / float64, native order
         else:

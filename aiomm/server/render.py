@@ -389,7 +389,10 @@ class RenderService:
                 ).frames
         except AiommError as exc:
             raise from_aiomm_error(exc) from exc
-        return video_mm_hash(data, self.model_id, hash_metadata(info, indices), frames)
+        # megabytes of blake3 (and the frames' bytes): off the event loop
+        return await anyio.to_thread.run_sync(
+            video_mm_hash, data, self.model_id, hash_metadata(info, indices), frames
+        )
 
     async def _features(
         self,
@@ -538,9 +541,13 @@ def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype |
         value = value.to(float_dtype)  # as vLLM's processor output (BatchFeature's rule)
     if isinstance(value, torch.Tensor) and config.repeat is not None:
         view = config.repeat.expand(value)
-        if view.dtype in _NUMPY_DTYPES and not view.is_cuda:
-            # the layout is the field's (Repeat.expand); the codec writes it blockwise
-            return WireRows(view.numpy(), str(view.dtype).removeprefix("torch."))
+        if not view.is_cuda:
+            # the layout is the field's (Repeat.expand); the codec writes it blockwise. numpy
+            # has no bfloat16: its words go as int16, the bytes are the same
+            name = str(view.dtype).removeprefix("torch.")
+            raw = view.view(torch.int16) if view.dtype == torch.bfloat16 else view
+            if raw.dtype in _NUMPY_DTYPES:
+                return WireRows(raw.numpy(), name)
         return view.reshape(value.shape[0], -1)
     return value
 

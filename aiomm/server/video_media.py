@@ -103,8 +103,8 @@ def _end_position(data: bytes, total: int, fps: float) -> tuple[int, bool]:
             while position < total - 1 and next(frames, None) is not None:
                 position += 1
             return position + 1, next(frames, None) is None
-    except (av.FFmpegError, ValueError, OverflowError):
-        return total, False  # no usable position: the header's count stands
+    except (av.FFmpegError, ValueError, OverflowError, ArithmeticError, TypeError):
+        return total, False  # no usable position (or no time base): the header's count stands
     finally:
         container.close()
 
@@ -133,7 +133,7 @@ def probe_video_vllm(data: bytes) -> VideoInfo:
             readable = sum(1 for p in container.demux(stream) if p.size)
         if total <= 0:  # vLLM counts the demuxed packets then
             total = readable if readable is not None else 0
-        elif total > 1:
+        elif total > 1 and fps > 0:  # without a rate there is no seek (refused below)
             visible, at_end = _end_position(data, total, fps)
             if at_end and 0 < visible < total - 1:
                 total = visible  # vLLM trusts its end-of-stream position over the header
@@ -144,6 +144,8 @@ def probe_video_vllm(data: bytes) -> VideoInfo:
         container.close()
     if total <= 0:
         raise EmptyVideoError("the video stream has no frames")
+    if height <= 0 or width <= 0:
+        raise DecodeError(f"the video stream has no frame size ({width}x{height})")
     if fps <= 0:
         raise DecodeError("the video has no frame rate (variable or unknown): cannot sample it")
     return VllmVideoInfo(total, fps, height, width, readable_frames=readable)

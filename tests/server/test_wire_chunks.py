@@ -72,6 +72,33 @@ def test_a_large_repeated_item_decodes_to_the_expanded_rows() -> None:
     np.testing.assert_array_equal(value.array(), np.ascontiguousarray(view).reshape(5000, -1))
 
 
+def test_wire_rows_shape_keeps_the_row_width_when_empty() -> None:
+    assert WireRows(np.zeros((0, 2, 2, 3), np.uint8), "uint8").shape == [0, 12]
+    assert WireRows(np.zeros((5, 7), np.uint8), "uint8").shape == [5, 7]
+
+
+def test_bfloat16_repeated_rows_go_blockwise_with_their_own_bytes() -> None:
+    from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem, Repeat
+    from aiomm.server.render import encode_items
+
+    compact = torch.randn(300, 2 * 7).to(torch.bfloat16)
+    config = MultiModalFieldConfig.flat_from_sizes("image", [300], repeat=(2, 2))
+    item = MultiModalKwargsItem("image", {"pixel_values": compact}, {"pixel_values": config})
+    (data,), _ = encode_items([item])
+    value, _ = decode_item(str(data))["pixel_values"]
+    want = Repeat(2, 2).expand(compact).reshape(300, -1)
+    assert value.dtype == "bfloat16" and value.shape == (300, 28)
+    assert value.data == want.contiguous().view(torch.int16).numpy().tobytes()
+
+
+def test_a_chunked_response_needs_a_chunk() -> None:
+    from aiomm.server.json_chunks import ChunkedJSONResponse
+
+    with pytest.raises(ValueError):
+        ChunkedJSONResponse([])
+    assert ChunkedJSONResponse([b"{", b"}"]).body_length == 2
+
+
 def test_dumps_chunks_splices_pieces_into_orjson_output() -> None:
     big = [pybase64.b64encode(bytes([i]) * 300_000) for i in range(3)]
     doc = {
