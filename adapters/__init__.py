@@ -6,6 +6,9 @@ if __name__ != "aiomm.adapters":  # pragma: no cover - guards a broken install o
         "Install aiomm (pip install -e .)."
     )
 
+from ._stored import (
+    hf_class_name as hf_class_name,
+)
 from .registry import (
     AdapterInfo as AdapterInfo,
 )
@@ -27,5 +30,6 @@ __all__ = (
     "build_processor",
     "from_pretrained",
     "get_adapter_info",
+    "hf_class_name",
     "supported_adapters",
 )

@@ -43,6 +43,7 @@ __all__ = (
     "hf_class_name",
     "offline_hf_processor",
     "snapshot",
+    "user_cache_dir",
 )
 
 log = get_logger(__name__)
@@ -82,6 +83,7 @@ class StoredImageProcessor(_StoredPart):
 
     def __init__(self, spec: Mapping[str, Any], real: Callable[[], Any]) -> None:
         super().__init__(_restore(spec["attributes"]), real)
+        self.stored_class_name: str = spec["class"]
         self.backend: str = spec["backend"]
         names = frozenset(spec["valid_kwargs"])
         # the two keys sets of the TypedDict HF declares the kwargs with
@@ -109,6 +111,12 @@ class StoredTokenizer(_StoredPart):
             return self._real()(text, add_special_tokens=add_special_tokens, **kwargs)
         ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+
+    def encode(self, text: Any, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
+        """Token ids of ``text``, as the HF fast tokenizer's ``encode`` gives them."""
+        if kwargs or not isinstance(text, str):
+            return self._real().encode(text, add_special_tokens=add_special_tokens, **kwargs)
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
 
 class StoredHFProcessor(_StoredPart):
@@ -156,9 +164,9 @@ def _identity(value: Any) -> Any:
 
 
 def hf_class_name(hf_processor: Any) -> str:
-    """The class name of an HF processor, or of the one a :class:`StoredHFProcessor` stands
-    in for."""
-    if isinstance(hf_processor, StoredHFProcessor):
+    """The class name of an HF processor (or image / video processor), or of the one a stored
+    stand-in (:class:`StoredHFProcessor`, :class:`StoredImageProcessor`) is for."""
+    if isinstance(hf_processor, (StoredHFProcessor, StoredImageProcessor)):
         return hf_processor.stored_class_name
     return type(hf_processor).__name__
 
@@ -252,6 +260,11 @@ def cache_dir() -> Path | None:
     given = os.environ.get("AIOMM_CACHE_DIR")
     if given is not None:
         return Path(given) if given else None
+    return user_cache_dir()
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/aiomm`` (``~/.cache/aiomm``)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aiomm"
 
 

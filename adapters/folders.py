@@ -30,12 +30,12 @@ family's HF processor expands:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from aiomm.adapters._stored import cache_dir, user_cache_dir
 from aiomm.adapters.registry import get_adapter_info
 from aiomm.errors import ConfigError
 
@@ -152,11 +152,10 @@ def write_model_folder(name: str, path: str | Path, *, backend: str = "torchvisi
 
 
 def default_cache_dir() -> Path:
-    """``$AIOMM_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiomm``, else ``~/.cache/aiomm``."""
-    if os.environ.get("AIOMM_CACHE_DIR"):
-        return Path(os.environ["AIOMM_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "aiomm"
+    """aiomm's cache folder (:func:`aiomm.adapters._stored.cache_dir`); where an empty
+    ``AIOMM_CACHE_DIR`` keeps no processor snapshots, model folders still need one: the
+    user's cache folder."""
+    return cache_dir() or user_cache_dir()
 
 
 def model_folder(name: str, cache_dir: str | Path | None = None) -> Path:

@@ -25,6 +25,7 @@ import PIL.Image
 import pybase64
 import torch
 
+from aiomm.adapters import hf_class_name
 from aiomm.engine import Engine
 from aiomm.errors import AiommError, DecodeError, DownloadTooLargeError, InvalidSourceError
 from aiomm.fetch import MediaFetcher
@@ -146,7 +147,7 @@ class RenderService:
         self.float_dtype = float_dtype
         video_processor = getattr(engine.processor, "video_processor", None)
         #: whether vLLM's video loader for this model is the one aiomm reproduces
-        self.takes_videos = type(video_processor).__name__ in QWEN2_VIDEO_PROCESSORS
+        self.takes_videos = hf_class_name(video_processor) in QWEN2_VIDEO_PROCESSORS
         self.chat = ChatRenderer(tokenizer)
         self.tokenizer = tokenizer
         self.model_id = model_id

@@ -58,10 +58,15 @@ def test_build_processor_uses_the_snapshot_and_matches_the_real_processor(backen
     assert stored._resolve_video_params({}) == real._resolve_video_params({})
     assert stored.supports_video and stored._seconds_per_grid == real._seconds_per_grid
     assert hf_class_name(stored.hf_processor) == type(real_hf).__name__
+    for part in ("image_processor", "video_processor"):
+        ours_part = getattr(stored.hf_processor, part)
+        assert hf_class_name(ours_part) == type(getattr(real_hf, part)).__name__, part
     for text in PROMPTS:
         for special in (True, False):
             ours = stored.hf_processor.tokenizer(text, add_special_tokens=special)
             assert ours == dict(real_hf.tokenizer(text, add_special_tokens=special)), text
+            encoded = stored.hf_processor.tokenizer.encode(text, add_special_tokens=special)
+            assert encoded == real_hf.tokenizer.encode(text, add_special_tokens=special), text
     image = photo_like(np.random.default_rng(7), 123, 301)
     ids = stored.hf_processor.tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
     ours, theirs = stored.apply(ids, {"image": [image]}), real.apply(ids, {"image": [image]})
