@@ -31,6 +31,8 @@ __all__ = (
     "VideoInfo",
     "clip_from_frames",
     "decode_video",
+    "import_av",
+    "open_container",
     "probe_video",
 )
 
@@ -91,7 +93,11 @@ class VideoClip:
 Sampler = Callable[[VideoInfo], Sequence[int]]
 
 
-def _av() -> Any:
+def import_av() -> Any:
+    """The ``av`` module (PyAV).
+
+    :raises DecodeError: PyAV is not installed.
+    """
     try:
         import av
     except ImportError as exc:  # pragma: no cover - the video extra is installed in CI
@@ -99,8 +105,13 @@ def _av() -> Any:
     return av
 
 
-def _open(data: bytes) -> Any:
-    av = _av()
+def open_container(data: bytes) -> Any:
+    """An open PyAV container of the encoded video ``data`` (close it), with a video stream.
+
+    :raises DecodeError: not a video FFmpeg can open.
+    :raises EmptyVideoError: no video stream.
+    """
+    av = import_av()
     try:
         container = av.open(io.BytesIO(data), mode="r")
     except (av.FFmpegError, ValueError, OSError) as exc:
@@ -117,8 +128,8 @@ def probe_video(data: bytes) -> VideoInfo:
     :raises DecodeError: ``data`` is not a video PyAV can open.
     :raises EmptyVideoError: no video stream, or zero frames.
     """
-    av = _av()
-    container = _open(data)
+    av = import_av()
+    container = open_container(data)
     try:
         stream = container.streams.video[0]
         total = int(stream.frames)
@@ -197,7 +208,7 @@ def decode_video(
     :raises EmptyVideoError: no video stream, or zero frames.
     :raises VideoTooLargeError: the sampled frames exceed a budget (checked before decoding).
     """
-    av = _av()
+    av = import_av()
     info = info or probe_video(data)
     indices = [int(i) for i in sample(info)]
     check_budget(info, indices, max_frames=max_frames, max_bytes=max_bytes, max_pixels=max_pixels)
@@ -205,7 +216,7 @@ def decode_video(
     slot, target = next(wanted)
     out = np.empty((len(indices), info.height, info.width, 3), dtype=np.uint8)
     kept = 0
-    container = _open(data)
+    container = open_container(data)
     try:
         for i, frame in enumerate(container.decode(video=0)):
             if i < target:

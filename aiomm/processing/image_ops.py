@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from aiomm.errors import ProcessingError
 
 __all__ = (
+    "NUMPY_VIEWABLE_DTYPES",
     "Backend",
     "ReducedImage",
     "Resample",
@@ -225,7 +226,7 @@ def patchify(
 
 
 #: dtypes whose CPU tensors numpy can view
-_NUMPY_VIEWABLE = frozenset(
+NUMPY_VIEWABLE_DTYPES = frozenset(
     {
         torch.uint8,
         torch.int8,
@@ -235,6 +236,7 @@ _NUMPY_VIEWABLE = frozenset(
         torch.float16,
         torch.float32,
         torch.float64,
+        torch.bool,
     }
 )
 
@@ -243,7 +245,7 @@ def numpy_copyable(tensor: torch.Tensor) -> bool:
     """Whether :func:`copy_permuted` can copy ``tensor`` with numpy."""
     return (
         tensor.device.type == "cpu"
-        and tensor.dtype in _NUMPY_VIEWABLE
+        and tensor.dtype in NUMPY_VIEWABLE_DTYPES
         and not (tensor.requires_grad)
     )
 

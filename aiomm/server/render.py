@@ -35,6 +35,7 @@ from aiomm.processing.fields import (
     MultiModalKwargsItem,
     PaddedImageField,
 )
+from aiomm.processing.image_ops import NUMPY_VIEWABLE_DTYPES
 from aiomm.types import Request, Result
 from aiomm.video import VideoInfo, decode_video, sampled_bytes
 
@@ -68,7 +69,7 @@ _KEY_ORDER = (
     "video_grid_thw",
     "pixel_values_videos",
 )
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_MODEL_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def model_float_dtype(folder: str | Path) -> torch.dtype | None:
@@ -81,24 +82,10 @@ def model_float_dtype(folder: str | Path) -> torch.dtype | None:
     name = config.get("torch_dtype") or config.get("dtype")
     if name is None and isinstance(config.get("text_config"), dict):
         name = config["text_config"].get("torch_dtype") or config["text_config"].get("dtype")
-    return _DTYPES.get(str(name)) if name else None
+    return _MODEL_DTYPES.get(str(name)) if name else None
 
 
 _HASH_ON_LOOP_BYTES = 1 << 20
-#: dtypes numpy can view (bfloat16 cannot: its rows are copied by torch instead)
-_NUMPY_DTYPES = frozenset(
-    {
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.float32,
-        torch.float64,
-        torch.bool,
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -547,7 +534,7 @@ def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype |
             # has no bfloat16: its words go as int16, the bytes are the same
             name = str(view.dtype).removeprefix("torch.")
             raw = view.view(torch.int16) if view.dtype == torch.bfloat16 else view
-            if raw.dtype in _NUMPY_DTYPES:
+            if raw.dtype in NUMPY_VIEWABLE_DTYPES:
                 return WireRows(raw.numpy(), name)
         return view.reshape(value.shape[0], -1)
     return value

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from aiomm.errors import DecodeError, EmptyVideoError
-from aiomm.video import VideoInfo, _av, _open
+from aiomm.video import VideoInfo, import_av, open_container
 
 __all__ = (
     "QWEN2_VIDEO_PROCESSORS",
@@ -72,8 +72,8 @@ def _end_position(data: bytes, total: int, fps: float) -> tuple[int, bool]:
     ``CvCapture_FFMPEG::seek`` to frame ``total``: a backward seek to ``total - delta`` frames'
     time, the landing frame numbered by its timestamp, then read to the end), and whether the
     stream ended there. vLLM's metadata rule takes this position over a larger header count."""
-    av = _av()
-    container = _open(data)
+    av = import_av()
+    container = open_container(data)
     try:
         stream = container.streams.video[0]
         start = stream.start_time or 0
@@ -115,8 +115,8 @@ def probe_video_vllm(data: bytes) -> VideoInfo:
     :raises DecodeError: not a video FFmpeg can open, or no frame rate.
     :raises EmptyVideoError: no video stream, or zero frames.
     """
-    av = _av()
-    container = _open(data)
+    av = import_av()
+    container = open_container(data)
     try:
         stream = container.streams.video[0]
         fps = _rate(stream.average_rate) or _rate(stream.guessed_rate)
