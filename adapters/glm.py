@@ -119,34 +119,21 @@ def glm4v_smart_resize(
     min_pixels: int,
     max_pixels: int,
 ) -> tuple[int, int]:
-    """GLM-4V's resize target, identical to transformers' ``glm4v`` ``smart_resize``.
-
-    The image counts as ``temporal_factor`` frames against the pixel bounds.
+    """GLM-4V's resize target, identical to transformers' ``glm4v`` ``smart_resize``: the video
+    rule (:func:`~aiomm.adapters.qwen_vl.video_smart_resize`) with the image counted as
+    ``temporal_factor`` frames against the pixel bounds.
 
     :raises ProcessingError: for an aspect ratio above 200 (after scaling up a thin image).
     """
-    num_frames = temporal_factor
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height = int(height * scale)
-        width = int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise ProcessingError(
-            f"image of {height}x{width} (after scaling up to the {factor}-pixel minimum) has an "
-            "aspect ratio above 200, which GLM-V rejects"
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    t_bar = round(num_frames / temporal_factor) * temporal_factor
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((num_frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return video_smart_resize(
+        temporal_factor,
+        height,
+        width,
+        factor=factor,
+        temporal_factor=temporal_factor,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+    )
 
 
 def _unique_even(indices: list[int]) -> list[int]:
