@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from aiomm.adapters import hf_class_name
 from aiomm.config import EngineConfig
 from aiomm.engine import Engine
 from aiomm.fetch import MediaFetcher
@@ -37,6 +38,7 @@ from .media import VllmDecoder
 from .metrics import ServerMetrics
 from .render import RenderLimits, RenderService, model_float_dtype
 from .sampling import SamplingDefaults
+from .video_media import video_loader
 
 __all__ = ("ServerConfig", "create_app", "model_folder")
 
@@ -112,7 +114,10 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     if root:
         fetch_cfg = replace(fetch_cfg, allowed_local_root=Path(root))
     base = Engine.from_pretrained(folder, engine_cfg)
-    decoder = VllmDecoder(engine_cfg.decode, max_pixels=base.max_pixels)
+    loader = video_loader(hf_class_name(getattr(base.processor, "video_processor", None)))
+    decoder = VllmDecoder(
+        engine_cfg.decode, max_pixels=base.max_pixels, video_loader=loader or "qwen2_vl"
+    )
     engine = Engine(base.processor, engine_cfg, adapter_id=base.adapter_id, decoder=decoder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     state = _State()

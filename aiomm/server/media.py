@@ -9,9 +9,9 @@ given to ``Engine.process`` is never decoded here.
 
 :class:`VllmDecoder` is a :class:`~aiomm.stages.transform.Decoder`: pass it to ``Engine(...,
 decoder=...)``; its ``probe_video`` and ``sample_video`` read a video's header and pick its frames
-as vLLM's Qwen2-VL loader does (:mod:`aiomm.server.video_media`). :func:`converts_mode` tells
-whether decoding changes the image mode, which vLLM folds into the item's hash (see
-:mod:`aiomm.server.mm_hash`).
+as vLLM's Qwen2-VL or Qwen3-VL loader does (:mod:`aiomm.server.video_media`).
+:func:`converts_mode` tells whether decoding changes the image mode, which vLLM folds into the
+item's hash (see :mod:`aiomm.server.mm_hash`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from blake3 import blake3
 
 from aiomm.config import DecodeConfig
 from aiomm.decode import DEFAULT_FORMATS, open_image
-from aiomm.errors import DecodeError, ImageTooLargeError
+from aiomm.errors import ConfigError, DecodeError, ImageTooLargeError
 from aiomm.stages import PillowDecoder
 from aiomm.video import VideoInfo
 
-from .video_media import probe_video_vllm, sample_indices
+from .video_media import probe_video_vllm, sample_indices, sample_indices_qwen3
 
 __all__ = ("VllmDecoder", "converts_mode", "load_image")
 
@@ -109,9 +109,21 @@ class VllmDecoder(PillowDecoder):
     probe_cache_size = 256
 
     def __init__(
-        self, config: DecodeConfig | None = None, *, max_pixels: int | None = None
+        self,
+        config: DecodeConfig | None = None,
+        *,
+        max_pixels: int | None = None,
+        video_loader: str = "qwen2_vl",
     ) -> None:
+        """``video_loader``: the vLLM loader whose frames :meth:`sample_video` picks,
+        ``"qwen2_vl"`` or ``"qwen3_vl"`` (:func:`aiomm.server.video_media.video_loader`).
+
+        :raises ConfigError: another loader.
+        """
+        if video_loader not in ("qwen2_vl", "qwen3_vl"):
+            raise ConfigError(f"unknown vLLM video loader {video_loader!r}")
         super().__init__(config or DecodeConfig(), max_pixels=max_pixels)
+        self.video_loader = video_loader
         self._probes: OrderedDict[bytes, VideoInfo] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -139,9 +151,12 @@ class VllmDecoder(PillowDecoder):
         return info
 
     def sample_video(self, info: VideoInfo) -> list[int]:
-        """The frames vLLM's Qwen2-VL loader reads from a video of ``info`` (it samples every
-        video at 2 fps, whatever the HF processor's ``do_sample_frames``).
+        """The frames vLLM's loader (:attr:`video_loader`) reads from a video of ``info`` (it
+        samples every video at 2 fps, whatever the HF processor's ``do_sample_frames``).
 
-        :raises DecodeError: see :func:`aiomm.server.video_media.sample_indices`.
+        :raises DecodeError, EmptyVideoError: see
+            :func:`aiomm.server.video_media.sample_indices` and ``sample_indices_qwen3``.
         """
+        if self.video_loader == "qwen3_vl":
+            return sample_indices_qwen3(info)
         return sample_indices(info)

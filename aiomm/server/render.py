@@ -47,7 +47,7 @@ from .kwargs_codec import Field, WireRows, encode_item_pieces
 from .media import VllmDecoder, converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
 from .sampling import SamplingDefaults, derive
-from .video_media import QWEN2_VIDEO_PROCESSORS, hash_metadata, sample_indices
+from .video_media import hash_metadata, video_loader
 
 __all__ = (
     "RenderLimits",
@@ -60,9 +60,10 @@ __all__ = (
 )
 
 #: keys vLLM keeps on the CPU (sent again as ``mm_metadata``)
-_KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw", "second_per_grid_ts"})
+_KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw", "second_per_grid_ts", "timestamps"})
 #: wire order of an item's keys (vLLM's with PYTHONHASHSEED=0); other keys follow
 _KEY_ORDER = (
+    "timestamps",
     "pixel_values",
     "image_grid_thw",
     "second_per_grid_ts",
@@ -129,12 +130,15 @@ class RenderService:
         """``float_dtype``: what floating-point tensors are cast to on the wire, as vLLM casts
         them to the model's dtype (:func:`model_float_dtype`); None keeps them. ``decoder``: the
         engine's, whose video headers the hashes reuse."""
-        self.decoder = decoder or VllmDecoder()
+        video_processor = getattr(engine.processor, "video_processor", None)
+        loader = video_loader(hf_class_name(video_processor))
+        #: whether vLLM's video loader for this model is one aiomm reproduces
+        self.takes_videos = loader is not None
+        #: vLLM's Qwen3-VL items carry their own flat slices, not the request's (encode_items)
+        self.per_item_slices = loader == "qwen3_vl"
+        self.decoder = decoder or VllmDecoder(video_loader=loader or "qwen2_vl")
         self.engine = engine
         self.float_dtype = float_dtype
-        video_processor = getattr(engine.processor, "video_processor", None)
-        #: whether vLLM's video loader for this model is the one aiomm reproduces
-        self.takes_videos = hf_class_name(video_processor) in QWEN2_VIDEO_PROCESSORS
         self.chat = ChatRenderer(tokenizer)
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -239,7 +243,7 @@ class RenderService:
         if parsed.videos and not self.takes_videos:
             raise ApiError(
                 "this model's videos are not supported (video_url parts are rendered for "
-                "Qwen2-VL and Qwen2.5-VL)",
+                "Qwen2-VL, Qwen2.5-VL and Qwen3-VL)",
                 param="video_url",
             )
         if len(parsed.videos) > self.limits.max_videos:
@@ -369,7 +373,7 @@ class RenderService:
             return part.uuid
         try:
             info = await anyio.to_thread.run_sync(self.decoder.probe_video, data)
-            indices = sample_indices(info)
+            indices = self.decoder.sample_video(info)
             frames = None
             if sampled_bytes(info, len(indices)) < len(data):
                 frames = (
@@ -424,7 +428,12 @@ class RenderService:
         if tensors:
             # megabytes of copying and base64 per image: off the event loop
             kwargs_data, metadata = await anyio.to_thread.run_sync(
-                functools.partial(encode_items, result.items, float_dtype=self.float_dtype)
+                functools.partial(
+                    encode_items,
+                    result.items,
+                    float_dtype=self.float_dtype,
+                    per_item_slices=self.per_item_slices,
+                )
             )
             feats["kwargs_data"], feats["mm_metadata"] = {}, {}
             for modality in feats["mm_hashes"]:
@@ -555,15 +564,22 @@ def _field(key: str, config: Any, slices: list[Any]) -> Field:
 
 
 def encode_items(
-    items: Sequence[MultiModalKwargsItem], *, float_dtype: torch.dtype | None = None
+    items: Sequence[MultiModalKwargsItem],
+    *,
+    float_dtype: torch.dtype | None = None,
+    per_item_slices: bool = False,
 ) -> tuple[list[PiecesString], list[PiecesString]]:
     """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, each as the
     base64 pieces the response writer sends without joining them (CPU work: call it in a
     worker thread). ``float_dtype``: floating-point tensors are cast to it (vLLM's model dtype).
 
     A flat field's slices describe the whole request's batch (every item carries all of them,
-    as vLLM's do).
+    as vLLM's do); with ``per_item_slices`` each item's describe only its own rows, as vLLM's
+    Qwen3-VL items (recorded: two images or two videos each carry ``[[[0, rows, None]]]``).
     """
+    if per_item_slices and len(items) > 1:
+        pieces = [encode_items([item], float_dtype=float_dtype) for item in items]
+        return [k[0] for k, _ in pieces], [m[0] for _, m in pieces]
     slices: dict[str, list[Any]] = {}
     starts: dict[str, int] = {}
     for item in items:  # per flat key, over the items that have it (an image has no video keys)
@@ -577,10 +593,14 @@ def encode_items(
             starts[key] = start + rows
     kwargs_data, metadata = [], []
     for item in items:
-        entries = {
-            k: (_wire_value(k, item, float_dtype), _field(k, item.fields[k], slices.get(k, [])))
-            for k in _ordered(item.data)
-        }
+        values = {k: _wire_value(k, item, float_dtype) for k in item.data}
+        fields = {k: _field(k, item.fields[k], slices.get(k, [])) for k in item.data}
+        seconds = item.prompt_data.get("timestamps")
+        if seconds is not None:
+            # Qwen3-VL: vLLM's video item carries its prompt's timestamps (a batched field)
+            values["timestamps"] = [float(s) for s in seconds]
+            fields["timestamps"] = Field("batched", {"keep_on_cpu": True})
+        entries = {k: (values[k], fields[k]) for k in _ordered(values)}
         kwargs_data.append(PiecesString(encode_item_pieces(entries)))
         meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
         metadata.append(PiecesString(encode_item_pieces(meta)))

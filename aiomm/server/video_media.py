@@ -1,4 +1,4 @@
-"""Videos read the way vLLM's render server reads them for Qwen2-VL and Qwen2.5-VL.
+"""Videos read the way vLLM's render server reads them for Qwen2-VL, Qwen2.5-VL and Qwen3-VL.
 
 vLLM 0.33 loads a ``video_url`` with the ``Qwen2VLVideoBackend`` loader over the OpenCV codec
 (``VLLM_VIDEO_LOADER_BACKEND`` and ``media_io_kwargs`` left at their defaults). The rule:
@@ -18,6 +18,10 @@ vLLM 0.33 loads a ``video_url`` with the ``Qwen2VLVideoBackend`` loader over the
   then reads the last frame in its place, so an odd number of frames can come out, where HF's own
   sampling would fail. The engine samples with this rule through :class:`VllmDecoder`'s
   ``sample_video`` (:mod:`aiomm.server.media`).
+* **Qwen3-VL** (``Qwen3VLVideoBackend``, the same header and reader): ``int(total / fps * 2)``
+  frames, clamped to ``[4, min(768, total)]``, at ``np.linspace(0, total - 1, n).round()``
+  (:func:`sample_indices_qwen3`; HF's ``Qwen3VLVideoProcessor`` rule with vLLM's own bounds, not
+  the processor's). The prompt's timestamps come from these indices and the header's rate.
 * **Frames**: decoded in stream order and converted to RGB by FFmpeg's swscale. PyAV's
   ``to_ndarray(format="rgb24")`` gives the same bytes as OpenCV's BGR decode flipped to RGB
   (checked on H.264 4:2:0 and 4:4:4, VP8, VP9, MPEG-4 Part 2 and MJPEG with the same FFmpeg),
@@ -35,6 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from aiomm.errors import DecodeError, EmptyVideoError
@@ -42,15 +47,20 @@ from aiomm.video import VideoInfo, import_av, open_container
 
 __all__ = (
     "QWEN2_VIDEO_PROCESSORS",
+    "QWEN3_VIDEO_PROCESSORS",
     "VllmVideoInfo",
     "hash_metadata",
     "probe_video_vllm",
     "sample_indices",
+    "sample_indices_qwen3",
+    "video_loader",
 )
 
 #: HF video processors whose videos vLLM loads with ``Qwen2VLVideoBackend`` (Qwen2-VL and
 #: Qwen2.5-VL); other models' loaders sample otherwise
 QWEN2_VIDEO_PROCESSORS = frozenset({"Qwen2VLVideoProcessor"})
+#: HF video processors whose videos vLLM loads with ``Qwen3VLVideoBackend`` (Qwen3-VL)
+QWEN3_VIDEO_PROCESSORS = frozenset({"Qwen3VLVideoProcessor"})
 _MAX_FPS = 30
 
 
@@ -184,6 +194,39 @@ def sample_indices(
         if not kept:
             raise EmptyVideoError("none of the sampled frames can be read")
     return kept
+
+
+def sample_indices_qwen3(
+    info: VideoInfo, *, fps: float = 2, min_frames: int = 4, max_frames: int = 768
+) -> list[int]:
+    """The frame indices vLLM's ``Qwen3VLVideoBackend`` reads from a video of ``info`` (none past
+    the frames a reader gets, as :func:`sample_indices`).
+
+    :raises DecodeError: a video without a frame rate.
+    :raises EmptyVideoError: no sampled frame can be read.
+    """
+    total = info.total_num_frames
+    if not info.fps:
+        raise DecodeError("sampling a video needs its frame rate")
+    n = int(total / info.fps * min(fps, _MAX_FPS))
+    n = min(max(n, min_frames), min(max_frames, 768), total)
+    kept: list[int] = np.linspace(0, total - 1, n).round().astype(int).tolist()
+    readable = getattr(info, "readable_frames", None)
+    if readable is not None:
+        kept = [i for i in kept if i < readable]
+    if not kept:
+        raise EmptyVideoError("none of the sampled frames can be read")
+    return kept
+
+
+def video_loader(video_processor_class: str | None) -> str | None:
+    """The vLLM video loader aiomm reproduces for a model whose HF video processor has this class
+    name: ``"qwen2_vl"``, ``"qwen3_vl"``, or None (vLLM samples that model's videos otherwise)."""
+    if video_processor_class in QWEN2_VIDEO_PROCESSORS:
+        return "qwen2_vl"
+    if video_processor_class in QWEN3_VIDEO_PROCESSORS:
+        return "qwen3_vl"
+    return None
 
 
 def hash_metadata(info: VideoInfo, indices: list[int]) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from aiomm.server import ServerConfig, create_app  # noqa: E402
 RECORDED_MODEL = "/tmp/vllm-probe/qwen2vl"
 #: the same for the Qwen2.5-VL video fixtures (``fixtures_qwen2_5_vl/``)
 RECORDED_MODEL_QWEN2_5 = "/tmp/vllm-probe/qwen25vl"
+#: the same for the Qwen3-VL video fixtures (``fixtures_qwen3_vl/``)
+RECORDED_MODEL_QWEN3 = "/tmp/vllm-probe/qwen3vl"
 
 
 def free_port() -> int:
@@ -94,6 +96,21 @@ def live_server_qwen2_5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Li
         model=str(folder),
         model_id=RECORDED_MODEL_QWEN2_5,
         served_model_names=(RECORDED_MODEL_QWEN2_5,),
+    )
+    with LiveServer(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def live_server_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for the Qwen3-VL variant of the folder (timestamped video prompts)."""
+    from qwen2vl_folder import build_folder
+
+    folder = build_folder(tmp_path_factory.mktemp("qwen3vl"), variant="qwen3_vl")
+    config = ServerConfig(
+        model=str(folder),
+        model_id=RECORDED_MODEL_QWEN3,
+        served_model_names=(RECORDED_MODEL_QWEN3,),
     )
     with LiveServer(config) as server:
         yield server

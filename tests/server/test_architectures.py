@@ -166,11 +166,19 @@ def _tensor(value: TensorValue) -> torch.Tensor:
 
 
 def _reference_item(
-    key: str, i: int, field: Field, got: torch.Tensor, ref: torch.Tensor
+    key: str, i: int, field: Field, got: torch.Tensor, ref: torch.Tensor, offset: int = 0
 ) -> torch.Tensor:
-    """Item ``i``'s part of the reference batch ``ref`` as the wire ``field`` describes it."""
+    """Item ``i``'s part of the reference batch ``ref`` as the wire ``field`` describes it.
+    ``offset``: the rows of the items before it, for slices that describe only their own item
+    (vLLM's Qwen3-VL items: one slice from 0)."""
     if field.kind == "flat":
-        (start, stop, step), *rest = field.kwargs["slices"][i]
+        slices = field.kwargs["slices"]
+        if len(slices) == 1 and i > 0:  # the item's own rows
+            (start, stop, step), *rest = slices[0]
+            assert start == 0, (key, field)
+            start, stop = offset, offset + stop
+        else:
+            (start, stop, step), *rest = slices[i]
         assert not rest and step is None, (key, field)
         return ref[start:stop]
     assert field.kind == "batched", (key, field)
@@ -214,12 +222,14 @@ def _check_render(
     assert {i for i, t in enumerate(ids) if t == image_token} <= covered, name
 
     assert len(items) == len(images), name
+    offsets: dict[str, int] = {}
     for i, b64 in enumerate(items):
         decoded = decode_item(b64)
         assert set(decoded) == set(outputs), (name, sorted(decoded), sorted(outputs))
         for key, (value, field) in decoded.items():
             got = _tensor(value)
-            want = _reference_item(key, i, field, got, outputs[key])
+            want = _reference_item(key, i, field, got, outputs[key], offsets.get(key, 0))
+            offsets[key] = offsets.get(key, 0) + (int(got.shape[0]) if got.dim() else 1)
             if got.dtype == torch.uint8 and want.is_floating_point():
                 # the HF processor's unnormalised pixels are whole numbers in a float tensor
                 assert torch.equal(want, want.round().clamp(0, 255)), f"{name}: {key}"

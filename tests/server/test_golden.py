@@ -22,6 +22,9 @@ CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
 #: videos rendered for a Qwen2.5-VL folder: ``second_per_grid_ts`` (bfloat16, kept on the CPU)
 FIXTURES_QWEN2_5 = Path(__file__).parent / "fixtures_qwen2_5_vl"
 CASES_QWEN2_5 = sorted(p.stem for p in FIXTURES_QWEN2_5.glob("*.json"))
+#: videos rendered for a Qwen3-VL folder: timestamps interleaved in the prompt and sent in the items
+FIXTURES_QWEN3 = Path(__file__).parent / "fixtures_qwen3_vl"
+CASES_QWEN3 = sorted(p.stem for p in FIXTURES_QWEN3.glob("*.json"))
 _RANDOM_KEYS = {"request_id"}
 
 
@@ -85,6 +88,15 @@ def test_qwen2_5_vl_videos_match_vllm(live_server_qwen2_5: Any, name: str) -> No
         assert all("second_per_grid_ts" in decode_item(m) for m in metadata["video"])
 
 
+@pytest.mark.parametrize("name", CASES_QWEN3)
+def test_qwen3_vl_videos_match_vllm(live_server_qwen3: Any, name: str) -> None:
+    case = _load(name, FIXTURES_QWEN3)
+    _check(live_server_qwen3, case, name)
+    metadata = case["response"]["features"]["mm_metadata"]
+    if metadata is not None:  # the field Qwen3-VL adds to a video item
+        assert all("timestamps" in decode_item(m) for m in metadata.get("video", []))
+
+
 def _check(live_server: Any, case: dict[str, Any], name: str) -> None:
     resp = httpx.post(live_server.url + case["path"], json=case["body"], timeout=60)
     assert resp.status_code == case["status"], resp.text
@@ -131,5 +143,10 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
     }
     assert wanted <= set(CASES)
     assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN2_5)
-    files = [*FIXTURES.glob("*.json"), *FIXTURES_QWEN2_5.glob("*.json")]
+    assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN3)
+    files = [
+        *FIXTURES.glob("*.json"),
+        *FIXTURES_QWEN2_5.glob("*.json"),
+        *FIXTURES_QWEN3.glob("*.json"),
+    ]
     assert sum(p.stat().st_size for p in files) < 4 << 20

@@ -19,7 +19,13 @@ av = pytest.importorskip("av")
 cv2 = pytest.importorskip("cv2")
 
 from aiomm.errors import DecodeError, EmptyVideoError  # noqa: E402
-from aiomm.server.video_media import hash_metadata, probe_video_vllm, sample_indices  # noqa: E402
+from aiomm.server.video_media import (  # noqa: E402
+    hash_metadata,
+    probe_video_vllm,
+    sample_indices,
+    sample_indices_qwen3,
+    video_loader,
+)
 from aiomm.video import decode_video  # noqa: E402
 
 
@@ -167,6 +173,25 @@ def test_sampling_and_metadata_follow_vllm_qwen2_loader() -> None:
         sample_indices(VideoInfo(1, 30.0, 8, 8))
 
 
+def test_sampling_follows_vllm_qwen3_loader() -> None:
+    from aiomm.video import VideoInfo
+
+    # int(total / fps * 2) frames within [4, min(768, total)], rounded linspace: first and last
+    # included, no multiple of the temporal patch (the processor pads the last patch)
+    assert sample_indices_qwen3(VideoInfo(20, 10.0, 8, 8)) == [0, 6, 13, 19]
+    assert sample_indices_qwen3(VideoInfo(30, 10.0, 8, 8)) == [0, 6, 12, 17, 23, 29]
+    twelve = [0, 2, 4, 6, 8, 10, 13, 15, 17, 19, 21, 23]
+    assert sample_indices_qwen3(VideoInfo(24, 4.0, 8, 8)) == twelve
+    assert sample_indices_qwen3(VideoInfo(3, 30.0, 8, 8)) == [0, 1, 2]
+    assert len(sample_indices_qwen3(VideoInfo(100_000, 25.0, 8, 8))) == 768
+    assert sample_indices_qwen3(VideoInfo(100, 240.0, 8, 8)) == [0, 33, 66, 99]  # 4 at least
+    assert video_loader("Qwen3VLVideoProcessor") == "qwen3_vl"
+    assert video_loader("Qwen2VLVideoProcessor") == "qwen2_vl"
+    assert video_loader("Glm4vVideoProcessor") is None
+    with pytest.raises(DecodeError, match="frame rate"):
+        sample_indices_qwen3(VideoInfo(20, None, 8, 8))
+
+
 def test_bad_videos_are_typed_errors() -> None:
     with pytest.raises(DecodeError):
         probe_video_vllm(b"not a video at all")
@@ -186,3 +211,15 @@ def test_the_decoder_probes_each_video_once() -> None:
     first = decoder.probe_video(data)
     assert decoder.probe_video(bytes(bytearray(data))) is first  # by content, not identity
     assert decoder.sample_video(first) == sample_indices(first)
+
+
+def test_the_decoder_samples_with_its_loader() -> None:
+    from aiomm.errors import ConfigError
+    from aiomm.server.media import VllmDecoder
+    from aiomm.video import VideoInfo
+
+    info = VideoInfo(20, 10.0, 8, 8)
+    assert VllmDecoder(video_loader="qwen3_vl").sample_video(info) == [0, 6, 13, 19]
+    assert VllmDecoder().sample_video(info) == [0, 5, 10, 15]
+    with pytest.raises(ConfigError, match="loader"):
+        VllmDecoder(video_loader="glm4v")

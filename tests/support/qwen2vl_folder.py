@@ -134,6 +134,8 @@ def build_folder(path: Path, *, variant: str = "qwen2_vl") -> Path:
 
     ``variant="qwen2_5_vl"``: the same tokenizer and template with Qwen2.5-VL-3B's configuration
     (its vision tower's shape; no weights), for the Qwen2.5-VL video fixtures.
+    ``variant="qwen3_vl"``: the same tokenizer and template with Qwen3-VL-2B's configuration and
+    processor settings (16-px patches, 2 fps video sampling), for the Qwen3-VL video fixtures.
     """
     path.mkdir(parents=True, exist_ok=True)
     vision = {
@@ -257,9 +259,88 @@ def build_folder(path: Path, *, variant: str = "qwen2_vl") -> Path:
             },
         )
         preprocessor["processor_class"] = "Qwen2_5_VLProcessor"
+    elif variant == "qwen3_vl":
+        _qwen3_vl(config, preprocessor, files)
     elif variant != "qwen2_vl":
         raise ValueError(f"unknown variant {variant!r}")
     for name, obj in files.items():
         (path / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False))
     (path / "tokenizer.json").write_text(json.dumps(_tokenizer_json(), ensure_ascii=False))
     return path
+
+
+def _qwen3_vl(config: dict[str, Any], preprocessor: dict[str, Any], files: dict[str, Any]) -> None:
+    """Turn the Qwen2-VL files into Qwen3-VL-2B-Instruct's (configuration and processors)."""
+    ids = {k: config[k] for k in config if k.endswith("token_id")}
+    config.clear()
+    config.update(
+        architectures=["Qwen3VLForConditionalGeneration"],
+        model_type="qwen3_vl",
+        **ids,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+        text_config={
+            "model_type": "qwen3_vl_text",
+            "bos_token_id": 151643,
+            "eos_token_id": 151645,
+            "attention_bias": False,
+            "head_dim": 128,
+            "hidden_act": "silu",
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "max_position_embeddings": 32768,
+            "num_attention_heads": 16,
+            "num_hidden_layers": 28,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": {
+                "mrope_interleaved": True,
+                "mrope_section": [24, 20, 20],
+                "rope_type": "default",
+            },
+            "rope_theta": 5000000,
+            "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16",
+            "use_cache": True,
+            "vocab_size": 151936,
+        },
+        vision_config={
+            "model_type": "qwen3_vl",
+            "deepstack_visual_indexes": [5, 11, 17],
+            "depth": 24,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_size": 1024,
+            "in_channels": 3,
+            "initializer_range": 0.02,
+            "intermediate_size": 4096,
+            "num_heads": 16,
+            "num_position_embeddings": 2304,
+            "out_hidden_size": 2048,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+    )
+    preprocessor.clear()
+    common = {
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "processor_class": "Qwen3VLProcessor",
+    }
+    preprocessor.update(
+        common,
+        size={"longest_edge": 16777216, "shortest_edge": 65536},
+        image_processor_type="Qwen2VLImageProcessorFast",
+    )
+    files["video_preprocessor_config.json"] = {
+        **common,
+        "size": {"longest_edge": 25165824, "shortest_edge": 4096},
+        "fps": 2,
+        "min_frames": 4,
+        "max_frames": 768,
+        "do_sample_frames": True,
+        "video_processor_type": "Qwen3VLVideoProcessor",
+    }
