@@ -136,6 +136,15 @@ class RenderService:
         self.takes_videos = loader is not None
         #: vLLM's Qwen3-VL items carry their own flat slices, not the request's (encode_items)
         self.per_item_slices = loader == "qwen3_vl"
+        #: vLLM's Qwen3-VL video items carry their prompt's timestamps (GLM-4V's do not)
+        self.timestamps_field = loader == "qwen3_vl"
+        self.video_loader = loader or "qwen2_vl"
+        #: GLM-4V: vLLM's prompt update replaces ``<|begin_of_video|><|video|><|end_of_video|>``,
+        #: so its video ranges cover both delimiters (the engine's cover the expansion between)
+        self.video_delimiters: tuple[int, int] | None = None
+        if loader == "glm4v":
+            bov, eov = tokenizer.convert_tokens_to_ids(["<|begin_of_video|>", "<|end_of_video|>"])
+            self.video_delimiters = (int(bov), int(eov))
         self.decoder = decoder or VllmDecoder(video_loader=loader or "qwen2_vl")
         self.engine = engine
         self.float_dtype = float_dtype
@@ -383,7 +392,11 @@ class RenderService:
             raise from_aiomm_error(exc) from exc
         # megabytes of blake3 (and the frames' bytes): off the event loop
         return await anyio.to_thread.run_sync(
-            video_mm_hash, data, self.model_id, hash_metadata(info, indices), frames
+            video_mm_hash,
+            data,
+            self.model_id,
+            hash_metadata(info, indices, self.video_loader),
+            frames,
         )
 
     async def _features(
@@ -425,6 +438,12 @@ class RenderService:
         hits = sum(1 for c in result.cache if c.value == "hit")
         by_modality = {"image": hashes[:n_images], "video": hashes[n_images:]}
         feats = generate_request_features(result, by_modality, tensors=False)
+        if self.video_delimiters is not None:
+            _widen_ranges(
+                feats["mm_placeholders"].get("video", []),
+                result.prompt_token_ids,
+                self.video_delimiters,
+            )
         if tensors:
             # megabytes of copying and base64 per image: off the event loop
             kwargs_data, metadata = await anyio.to_thread.run_sync(
@@ -433,6 +452,7 @@ class RenderService:
                     result.items,
                     float_dtype=self.float_dtype,
                     per_item_slices=self.per_item_slices,
+                    timestamps_field=self.timestamps_field,
                 )
             )
             feats["kwargs_data"], feats["mm_metadata"] = {}, {}
@@ -441,6 +461,18 @@ class RenderService:
                 feats["kwargs_data"][modality] = [kwargs_data[i] for i in picked]
                 feats["mm_metadata"][modality] = [metadata[i] for i in picked]
         return feats, result.prompt_token_ids, hits, result.timings
+
+
+def _widen_ranges(
+    ranges: list[dict[str, int]], ids: Sequence[int], around: tuple[int, int]
+) -> None:
+    """Extend each ``{"offset", "length"}`` range over the tokens ``around`` it (when they are
+    there), in place."""
+    first, last = around
+    for r in ranges:
+        start, end = r["offset"] - 1, r["offset"] + r["length"]
+        if start >= 0 and end < len(ids) and ids[start] == first and ids[end] == last:
+            r["offset"], r["length"] = start, r["length"] + 2
 
 
 def _decode_sampled(data: bytes, info: VideoInfo, indices: list[int]) -> Any:
@@ -568,6 +600,7 @@ def encode_items(
     *,
     float_dtype: torch.dtype | None = None,
     per_item_slices: bool = False,
+    timestamps_field: bool = True,
 ) -> tuple[list[PiecesString], list[PiecesString]]:
     """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, each as the
     base64 pieces the response writer sends without joining them (CPU work: call it in a
@@ -576,9 +609,14 @@ def encode_items(
     A flat field's slices describe the whole request's batch (every item carries all of them,
     as vLLM's do); with ``per_item_slices`` each item's describe only its own rows, as vLLM's
     Qwen3-VL items (recorded: two images or two videos each carry ``[[[0, rows, None]]]``).
+    ``timestamps_field``: an item's prompt timestamps are sent as its ``timestamps`` field, as
+    vLLM's Qwen3-VL video items carry them (GLM-4V's keep them in the prompt only).
     """
     if per_item_slices and len(items) > 1:
-        pieces = [encode_items([item], float_dtype=float_dtype) for item in items]
+        pieces = [
+            encode_items([item], float_dtype=float_dtype, timestamps_field=timestamps_field)
+            for item in items
+        ]
         return [k[0] for k, _ in pieces], [m[0] for _, m in pieces]
     slices: dict[str, list[Any]] = {}
     starts: dict[str, int] = {}
@@ -596,7 +634,7 @@ def encode_items(
         values = {k: _wire_value(k, item, float_dtype) for k in item.data}
         fields = {k: _field(k, item.fields[k], slices.get(k, [])) for k in item.data}
         seconds = item.prompt_data.get("timestamps")
-        if seconds is not None:
+        if seconds is not None and timestamps_field:
             # Qwen3-VL: vLLM's video item carries its prompt's timestamps (a batched field)
             values["timestamps"] = [float(s) for s in seconds]
             fields["timestamps"] = Field("batched", {"keep_on_cpu": True})

@@ -78,9 +78,11 @@ def derive(
         ),
         "temperature": float(_number(body, "temperature", d.get("temperature", 1.0))),
         "top_p": float(_number(body, "top_p", d.get("top_p", 1.0))),
-        "top_k": int(_number(body, "top_k", d.get("top_k", 0))),
-        "min_p": float(_number(body, "min_p", d.get("min_p", 0.0))),
     }
+    top_k = int(_number(body, "top_k", d.get("top_k", 0)))
+    if top_k != 0:  # vLLM leaves out a top_k of 0 (seen with no generation_config.json)
+        out["top_k"] = top_k
+    out["min_p"] = float(_number(body, "min_p", d.get("min_p", 0.0)))
     seed = _number(body, "seed", None)
     if seed is not None:
         out["seed"] = int(seed)

@@ -22,6 +22,11 @@ vLLM 0.33 loads a ``video_url`` with the ``Qwen2VLVideoBackend`` loader over the
   frames, clamped to ``[4, min(768, total)]``, at ``np.linspace(0, total - 1, n).round()``
   (:func:`sample_indices_qwen3`; HF's ``Qwen3VLVideoProcessor`` rule with vLLM's own bounds, not
   the processor's). The prompt's timestamps come from these indices and the header's rate.
+* **GLM-4V** (``DynamicVideoBackend``, ``"opencv_dynamic"``, the same header and reader): with
+  the duration ``total / fps``, ``floor(duration * 2)`` frames at ``ceil(i * fps / 2)`` (clamped
+  to the last frame, distinct, sorted) up to 300 s, else 600 frames at ``ceil(t * fps)`` for ``t``
+  evenly over the duration (:func:`sample_indices_glm4v`; HF's ``Glm4vVideoProcessor`` rule with
+  vLLM's defaults). The metadata names the backend ``"opencv_dynamic"``.
 * **Frames**: decoded in stream order and converted to RGB by FFmpeg's swscale. PyAV's
   ``to_ndarray(format="rgb24")`` gives the same bytes as OpenCV's BGR decode flipped to RGB
   (checked on H.264 4:2:0 and 4:4:4, VP8, VP9, MPEG-4 Part 2 and MJPEG with the same FFmpeg),
@@ -46,12 +51,14 @@ from aiomm.errors import DecodeError, EmptyVideoError
 from aiomm.video import VideoInfo, import_av, open_container
 
 __all__ = (
+    "GLM4V_VIDEO_PROCESSORS",
     "QWEN2_VIDEO_PROCESSORS",
     "QWEN3_VIDEO_PROCESSORS",
     "VllmVideoInfo",
     "hash_metadata",
     "probe_video_vllm",
     "sample_indices",
+    "sample_indices_glm4v",
     "sample_indices_qwen3",
     "video_loader",
 )
@@ -61,6 +68,10 @@ __all__ = (
 QWEN2_VIDEO_PROCESSORS = frozenset({"Qwen2VLVideoProcessor"})
 #: HF video processors whose videos vLLM loads with ``Qwen3VLVideoBackend`` (Qwen3-VL)
 QWEN3_VIDEO_PROCESSORS = frozenset({"Qwen3VLVideoProcessor"})
+#: HF video processors whose videos vLLM loads with ``DynamicVideoBackend`` (GLM-4.1V/4.5V)
+GLM4V_VIDEO_PROCESSORS = frozenset({"Glm4vVideoProcessor"})
+#: the ``video_backend`` each loader writes into the metadata (part of the hash)
+_BACKEND_NAMES = {"qwen2_vl": "opencv", "qwen3_vl": "opencv", "glm4v": "opencv_dynamic"}
 _MAX_FPS = 30
 
 
@@ -219,26 +230,63 @@ def sample_indices_qwen3(
     return kept
 
 
+def sample_indices_glm4v(
+    info: VideoInfo, *, fps: float = 2, max_duration: float = 300
+) -> list[int]:
+    """The frame indices vLLM's ``DynamicVideoBackend`` (GLM-4V) reads from a video of ``info``
+    (none past the frames a reader gets, as :func:`sample_indices`).
+
+    :raises DecodeError: a video without a frame rate, or too short to give a frame.
+    :raises EmptyVideoError: no sampled frame can be read.
+    """
+    total = info.total_num_frames
+    video_fps = float(info.fps or 0.0)
+    if video_fps <= 0:
+        raise DecodeError("sampling a video needs its frame rate")
+    duration = total / video_fps
+    last = total - 1
+    if duration <= max_duration:
+        count = math.floor(duration * fps)
+        chosen = {min(last, math.ceil(i * video_fps / fps)) for i in range(count)}
+    elif (count := int(max_duration * fps)) >= total:
+        chosen = set(range(total))
+    else:
+        seconds = np.linspace(0, duration, count, endpoint=True)
+        chosen = {min(last, math.ceil(t * video_fps)) for t in seconds}
+    if not chosen:  # under half a second: vLLM's loader reads no frame
+        raise DecodeError(f"a video of {duration:.3f} s is too short to sample at {fps} fps")
+    kept = sorted(chosen)
+    readable = getattr(info, "readable_frames", None)
+    if readable is not None:
+        kept = [i for i in kept if i < readable]
+    if not kept:
+        raise EmptyVideoError("none of the sampled frames can be read")
+    return kept
+
+
 def video_loader(video_processor_class: str | None) -> str | None:
     """The vLLM video loader aiomm reproduces for a model whose HF video processor has this class
-    name: ``"qwen2_vl"``, ``"qwen3_vl"``, or None (vLLM samples that model's videos otherwise)."""
+    name: ``"qwen2_vl"``, ``"qwen3_vl"``, ``"glm4v"``, or None (vLLM samples that model's videos
+    otherwise)."""
     if video_processor_class in QWEN2_VIDEO_PROCESSORS:
         return "qwen2_vl"
     if video_processor_class in QWEN3_VIDEO_PROCESSORS:
         return "qwen3_vl"
+    if video_processor_class in GLM4V_VIDEO_PROCESSORS:
+        return "glm4v"
     return None
 
 
-def hash_metadata(info: VideoInfo, indices: list[int]) -> dict[str, Any]:
-    """The metadata dict vLLM's loader returns with the frames (part of the item's hash; the key
-    order is vLLM's)."""
+def hash_metadata(info: VideoInfo, indices: list[int], loader: str = "qwen2_vl") -> dict[str, Any]:
+    """The metadata dict vLLM's ``loader`` (:func:`video_loader`) returns with the frames (part
+    of the item's hash; the key order is vLLM's)."""
     fps = float(info.fps or 0.0)
     total = info.total_num_frames
     return {
         "total_num_frames": total,
         "fps": fps,
         "duration": total / fps if fps > 0 else 0,
-        "video_backend": "opencv",
+        "video_backend": _BACKEND_NAMES[loader],
         "frames_indices": list(indices),
         "do_sample_frames": len(indices) == total,
     }

@@ -23,6 +23,8 @@ RECORDED_MODEL = "/tmp/vllm-probe/qwen2vl"
 RECORDED_MODEL_QWEN2_5 = "/tmp/vllm-probe/qwen25vl"
 #: the same for the Qwen3-VL video fixtures (``fixtures_qwen3_vl/``)
 RECORDED_MODEL_QWEN3 = "/tmp/vllm-probe/qwen3vl"
+#: the same for the GLM-4V video fixtures (``fixtures_glm4v/``)
+RECORDED_MODEL_GLM4V = "/tmp/vllm-probe/glm4v"
 
 
 def free_port() -> int:
@@ -111,6 +113,21 @@ def live_server_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
         model=str(folder),
         model_id=RECORDED_MODEL_QWEN3,
         served_model_names=(RECORDED_MODEL_QWEN3,),
+    )
+    with LiveServer(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def live_server_glm4v(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for the offline GLM-4.1V folder (``tests/support/glm4v_folder.py``)."""
+    from glm4v_folder import build_glm4v_folder
+
+    folder = build_glm4v_folder(tmp_path_factory.mktemp("glm4v"))
+    config = ServerConfig(
+        model=str(folder),
+        model_id=RECORDED_MODEL_GLM4V,
+        served_model_names=(RECORDED_MODEL_GLM4V,),
     )
     with LiveServer(config) as server:
         yield server

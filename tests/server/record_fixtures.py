@@ -15,9 +15,12 @@ Images are small and seeded, embedded in the bodies as data URLs (the bytes the 
 The Qwen2.5-VL video fixtures (``fixtures_qwen2_5_vl/``) came from a server for the folder
 ``tests/support/qwen2vl_folder.py`` builds with ``variant="qwen2_5_vl"`` at
 ``/tmp/vllm-probe/qwen25vl`` (``--model /tmp/vllm-probe/qwen25vl --out
-tests/server/fixtures_qwen2_5_vl --only video_...``). The video cases need the server started
-with videos allowed (``LIMIT_MM='{"image": 4, "video":
-2}'``); their clips are made here with PyAV (seeded frames, a few codecs and containers).
+tests/server/fixtures_qwen2_5_vl --only video_...``). The GLM-4V video fixtures
+(``fixtures_glm4v/``: ``video_short``, ``video_three_frames``) came from a server for
+``tests/support/glm4v_folder.py``'s folder at ``/tmp/vllm-probe/glm4v``, with
+``MM_CACHE_GB=0``. The video cases need the server started with videos allowed
+(``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded
+frames, a few codecs and containers).
 """
 
 from __future__ import annotations
@@ -166,6 +169,10 @@ def videos() -> dict[str, tuple[str, bytes]]:
             "video/mp4",
             _clip("mpeg4", "mp4", (60, 44), 82, Fraction(30000, 1001), 17, vfr=True),
         ),
+        # GLM-4V's loader reads 2 frames a second: 1 s gives one temporal patch (a small
+        # fixture); 1.5 s gives 3 frames, the last repeated to 2 patches
+        "short": ("video/mp4", _clip("libx264", "mp4", (40, 30), 10, 10, 18)),
+        "three_frames": ("video/mp4", _clip("libx264", "mp4", (40, 30), 15, 10, 19)),
     }
 
 
@@ -293,6 +300,8 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
             ]
         ),
         "video_h264": chat([user({"type": "text", "text": "Describe this video."}, video("h264"))]),
+        "video_short": chat([user(text, video("short"))]),
+        "video_three_frames": chat([user(text, video("three_frames"))]),
         "video_webm_vp9": chat([user(video("vp9"), {"type": "text", "text": "What happens?"})]),
         "video_and_image": chat(
             [user({"type": "text", "text": "Compare."}, part("jpeg"), video("mpeg4"))]

@@ -25,6 +25,11 @@ CASES_QWEN2_5 = sorted(p.stem for p in FIXTURES_QWEN2_5.glob("*.json"))
 #: videos rendered for a Qwen3-VL folder: timestamps interleaved in the prompt and sent in the items
 FIXTURES_QWEN3 = Path(__file__).parent / "fixtures_qwen3_vl"
 CASES_QWEN3 = sorted(p.stem for p in FIXTURES_QWEN3.glob("*.json"))
+#: videos rendered for a GLM-4.1V folder: per-frame timestamps as text, whole-block placeholders
+FIXTURES_GLM4V = Path(__file__).parent / "fixtures_glm4v"
+CASES_GLM4V = sorted(p.stem for p in FIXTURES_GLM4V.glob("*.json"))
+#: the GLM-4V folder's ``<|begin_of_video|>`` and ``<|end_of_video|>`` ids
+_GLM_VIDEO_DELIMITERS = (347, 348)
 _RANDOM_KEYS = {"request_id"}
 
 
@@ -97,6 +102,18 @@ def test_qwen3_vl_videos_match_vllm(live_server_qwen3: Any, name: str) -> None:
         assert all("timestamps" in decode_item(m) for m in metadata.get("video", []))
 
 
+@pytest.mark.parametrize("name", CASES_GLM4V)
+def test_glm4v_videos_match_vllm(live_server_glm4v: Any, name: str) -> None:
+    case = _load(name, FIXTURES_GLM4V)
+    _check(live_server_glm4v, case, name)
+    features = case["response"]["features"]
+    ids = case["response"]["token_ids"]
+    for r in features["mm_placeholders"]["video"]:  # the range spans the delimiters too
+        first, last = ids[r["offset"]], ids[r["offset"] + r["length"] - 1]
+        assert (first, last) == _GLM_VIDEO_DELIMITERS
+    assert all("timestamps" not in decode_item(m) for m in features["mm_metadata"]["video"])
+
+
 def _check(live_server: Any, case: dict[str, Any], name: str) -> None:
     resp = httpx.post(live_server.url + case["path"], json=case["body"], timeout=60)
     assert resp.status_code == case["status"], resp.text
@@ -144,9 +161,11 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
     assert wanted <= set(CASES)
     assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN2_5)
     assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN3)
+    assert {"video_short", "video_three_frames"} <= set(CASES_GLM4V)
     files = [
         *FIXTURES.glob("*.json"),
         *FIXTURES_QWEN2_5.glob("*.json"),
         *FIXTURES_QWEN3.glob("*.json"),
+        *FIXTURES_GLM4V.glob("*.json"),
     ]
     assert sum(p.stat().st_size for p in files) < 4 << 20

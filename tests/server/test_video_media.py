@@ -23,6 +23,7 @@ from aiomm.server.video_media import (  # noqa: E402
     hash_metadata,
     probe_video_vllm,
     sample_indices,
+    sample_indices_glm4v,
     sample_indices_qwen3,
     video_loader,
 )
@@ -187,9 +188,31 @@ def test_sampling_follows_vllm_qwen3_loader() -> None:
     assert sample_indices_qwen3(VideoInfo(100, 240.0, 8, 8)) == [0, 33, 66, 99]  # 4 at least
     assert video_loader("Qwen3VLVideoProcessor") == "qwen3_vl"
     assert video_loader("Qwen2VLVideoProcessor") == "qwen2_vl"
-    assert video_loader("Glm4vVideoProcessor") is None
+    assert video_loader("Glm4vVideoProcessor") == "glm4v"
+    assert video_loader("Glm46VVideoProcessor") is None
     with pytest.raises(DecodeError, match="frame rate"):
         sample_indices_qwen3(VideoInfo(20, None, 8, 8))
+
+
+def test_sampling_follows_vllm_glm4v_loader() -> None:
+    from aiomm.video import VideoInfo
+
+    # (values from vLLM 0.33's DynamicVideoBackend) 2 frames a second at ceil(i * fps / 2),
+    # distinct; beyond 300 s, 600 frames evenly over the duration
+    assert sample_indices_glm4v(VideoInfo(20, 10.0, 8, 8)) == [0, 5, 10, 15]
+    assert sample_indices_glm4v(VideoInfo(15, 10.0, 8, 8)) == [0, 5, 10]  # odd: HF pads
+    assert sample_indices_glm4v(VideoInfo(3, 1.0, 8, 8)) == [0, 1, 2]
+    assert sample_indices_glm4v(VideoInfo(4, 0.5, 8, 8)) == [0, 1, 2, 3]
+    long = sample_indices_glm4v(VideoInfo(9000, 25.0, 8, 8))
+    assert len(long) == 600 and long[:4] == [0, 16, 31, 46] and long[-2:] == [8985, 8999]
+    longer = sample_indices_glm4v(VideoInfo(40000, 100.0, 8, 8))
+    assert len(longer) == 600 and longer[:3] == [0, 67, 134] and longer[-2:] == [39934, 39999]
+    meta = hash_metadata(VideoInfo(15, 10.0, 8, 8), [0, 5, 10], "glm4v")
+    assert meta["video_backend"] == "opencv_dynamic" and meta["duration"] == 1.5
+    with pytest.raises(DecodeError, match="too short"):
+        sample_indices_glm4v(VideoInfo(5, 30.0, 8, 8))  # vLLM's loader reads no frame
+    with pytest.raises(DecodeError, match="frame rate"):
+        sample_indices_glm4v(VideoInfo(20, None, 8, 8))
 
 
 def test_bad_videos_are_typed_errors() -> None:
@@ -221,5 +244,6 @@ def test_the_decoder_samples_with_its_loader() -> None:
     info = VideoInfo(20, 10.0, 8, 8)
     assert VllmDecoder(video_loader="qwen3_vl").sample_video(info) == [0, 6, 13, 19]
     assert VllmDecoder().sample_video(info) == [0, 5, 10, 15]
+    assert VllmDecoder(video_loader="glm4v").sample_video(VideoInfo(15, 10.0, 8, 8)) == [0, 5, 10]
     with pytest.raises(ConfigError, match="loader"):
-        VllmDecoder(video_loader="glm4v")
+        VllmDecoder(video_loader="glm46v")
