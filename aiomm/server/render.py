@@ -47,7 +47,7 @@ from .kwargs_codec import Field, WireRows, encode_item_pieces
 from .media import VllmDecoder, converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
 from .sampling import SamplingDefaults, derive
-from .video_media import hash_metadata, video_loader
+from .video_media import VIDEOS_PER_PROMPT, hash_metadata, video_loader
 
 __all__ = (
     "RenderLimits",
@@ -252,9 +252,14 @@ class RenderService:
         if parsed.videos and not self.takes_videos:
             raise ApiError(
                 "this model's videos are not supported (video_url parts are rendered for "
-                "Qwen2-VL, Qwen2.5-VL and Qwen3-VL)",
+                "Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4V)",
                 param="video_url",
             )
+        most = VIDEOS_PER_PROMPT.get(self.video_loader)
+        if most is not None and len(parsed.videos) > most:
+            raise ApiError(
+                f"At most {most} video(s) may be provided in one prompt.", param="video"
+            )  # vLLM's own words
         if len(parsed.videos) > self.limits.max_videos:
             raise ApiError(
                 f"too many videos: {len(parsed.videos)}, the limit is "

@@ -54,6 +54,7 @@ __all__ = (
     "GLM4V_VIDEO_PROCESSORS",
     "QWEN2_VIDEO_PROCESSORS",
     "QWEN3_VIDEO_PROCESSORS",
+    "VIDEOS_PER_PROMPT",
     "VllmVideoInfo",
     "hash_metadata",
     "probe_video_vllm",
@@ -70,6 +71,9 @@ QWEN2_VIDEO_PROCESSORS = frozenset({"Qwen2VLVideoProcessor"})
 QWEN3_VIDEO_PROCESSORS = frozenset({"Qwen3VLVideoProcessor"})
 #: HF video processors whose videos vLLM loads with ``DynamicVideoBackend`` (GLM-4.1V/4.5V)
 GLM4V_VIDEO_PROCESSORS = frozenset({"Glm4vVideoProcessor"})
+#: videos one prompt may carry, per loader's model, where vLLM caps them
+#: (``get_supported_mm_limits``: GLM-4V takes one)
+VIDEOS_PER_PROMPT = {"glm4v": 1}
 #: the ``video_backend`` each loader writes into the metadata (part of the hash)
 _BACKEND_NAMES = {"qwen2_vl": "opencv", "qwen3_vl": "opencv", "glm4v": "opencv_dynamic"}
 _MAX_FPS = 30

@@ -16,8 +16,8 @@ The Qwen2.5-VL video fixtures (``fixtures_qwen2_5_vl/``) came from a server for 
 ``tests/support/qwen2vl_folder.py`` builds with ``variant="qwen2_5_vl"`` at
 ``/tmp/vllm-probe/qwen25vl`` (``--model /tmp/vllm-probe/qwen25vl --out
 tests/server/fixtures_qwen2_5_vl --only video_...``). The GLM-4V video fixtures
-(``fixtures_glm4v/``: ``video_short``, ``video_three_frames``) came from a server for
-``tests/support/glm4v_folder.py``'s folder at ``/tmp/vllm-probe/glm4v``, with
+(``fixtures_glm4v/``: ``video_short``, ``video_three_frames``, ``video_two_short``) came
+from a server for ``tests/support/glm4v_folder.py``'s folder at ``/tmp/vllm-probe/glm4v``, with
 ``MM_CACHE_GB=0``. The video cases need the server started with videos allowed
 (``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded
 frames, a few codecs and containers).
@@ -302,6 +302,8 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
         "video_h264": chat([user({"type": "text", "text": "Describe this video."}, video("h264"))]),
         "video_short": chat([user(text, video("short"))]),
         "video_three_frames": chat([user(text, video("three_frames"))]),
+        # GLM-4V takes one video per prompt: two are a 400
+        "video_two_short": chat([user(text, video("short"), video("three_frames"))]),
         "video_webm_vp9": chat([user(video("vp9"), {"type": "text", "text": "What happens?"})]),
         "video_and_image": chat(
             [user({"type": "text", "text": "Compare."}, part("jpeg"), video("mpeg4"))]

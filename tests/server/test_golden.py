@@ -106,6 +106,8 @@ def test_qwen3_vl_videos_match_vllm(live_server_qwen3: Any, name: str) -> None:
 def test_glm4v_videos_match_vllm(live_server_glm4v: Any, name: str) -> None:
     case = _load(name, FIXTURES_GLM4V)
     _check(live_server_glm4v, case, name)
+    if case["status"] != 200:  # one video per prompt
+        return
     features = case["response"]["features"]
     ids = case["response"]["token_ids"]
     for r in features["mm_placeholders"]["video"]:  # the range spans the delimiters too
@@ -161,7 +163,7 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
     assert wanted <= set(CASES)
     assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN2_5)
     assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN3)
-    assert {"video_short", "video_three_frames"} <= set(CASES_GLM4V)
+    assert {"video_short", "video_three_frames", "video_two_short"} <= set(CASES_GLM4V)
     files = [
         *FIXTURES.glob("*.json"),
         *FIXTURES_QWEN2_5.glob("*.json"),
