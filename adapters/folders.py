@@ -17,7 +17,8 @@ family's HF processor expands:
 - Qwen3-VL and later, Intern-S: the same ChatML without a default system prompt
   (``Qwen/Qwen3-VL-2B-Instruct``);
 - GLM-4.1V, GLM-OCR, GLM-5-Next: ``[gMASK]<sop>``, ``<|role|>\\n`` turns, an image as
-  ``<|begin_of_image|><|image|><|end_of_image|>`` (``zai-org/GLM-4.1V-9B-Thinking``);
+  ``<|begin_of_image|><|image|><|end_of_image|>``, a video as
+  ``<|begin_of_video|><|video|><|end_of_video|>`` (``zai-org/GLM-4.1V-9B-Thinking``);
 - Mistral 3 (Pixtral processor): ``<s>``, ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]``,
   ``[INST]...[/INST]`` with ``[IMG]`` per image, assistant turns ending ``</s>``
   (``mistralai/Mistral-Small-3.1-24B-Instruct-2503``);
@@ -66,6 +67,7 @@ GLM_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' %}<|begin_of_image|><|image|><|end_of_image|>"
+    "{% elif content['type'] == 'video' %}<|begin_of_video|><|video|><|end_of_video|>"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )

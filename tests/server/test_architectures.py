@@ -341,12 +341,26 @@ def test_a_short_name_serves_its_offline_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``aiomm serve glm-4v``: the registered name is built into the cache and served; its
-    items are hashed with the name as the model id."""
+    items are hashed with the name as the model id; its chat template writes videos, whose
+    ranges span ``<|begin_of_video|>`` to ``<|end_of_video|>`` (the golden GLM-4V fixtures)."""
+    pytest.importorskip("av")
+    from video_samples import frames_of, make_video
+
     monkeypatch.setenv("AIOMM_CACHE_DIR", str(tmp_path))
+    clip = base64.b64encode(make_video(frames_of(10, 30, 40), rate=10)).decode()
+    video = {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{clip}"}}
+    video_body = {"model": "glm-4v", "messages": [{"role": "user", "content": [video]}]}
     with TestClient(create_app(ServerConfig(model="glm-4v"))) as client:
         out = client.post("/v1/chat/completions/render", json=_body(IMAGES[:1]))
         assert out.status_code == 200, out.text
+        rendered = client.post("/v1/chat/completions/render", json=video_body)
+        assert rendered.status_code == 200, rendered.text
         models = client.get("/v1/models").json()["data"]
+    tok = get_adapter_info("glm-4v").build_hf_processor().tokenizer
+    ids = rendered.json()["token_ids"]
+    (span,) = rendered.json()["features"]["mm_placeholders"]["video"]
+    first, last = ids[span["offset"]], ids[span["offset"] + span["length"] - 1]
+    assert tok.convert_ids_to_tokens([first, last]) == ["<|begin_of_video|>", "<|end_of_video|>"]
     folder = next((tmp_path / "models").iterdir())
     assert folder.name.startswith("glm-4v-")
     _check_render(out.json(), IMAGES[:1], Reference("glm-4v", folder), "glm-4v")

@@ -4,8 +4,8 @@
 aiomm's own offline GLM-4V folder (:func:`aiomm.adapters.folders.write_model_folder`) with what
 vLLM's render server needs on top: words for the numbers 0-299 (GLM-4V's per-frame timestamps
 are whole seconds written as text), the special tokens numbered after the whole vocabulary (or
-``tokenizers`` renumbers them), a full ``Glm4vConfig`` whose token ids are the tokenizer's, a
-video branch in the chat template, and a small video pixel floor (small fixtures).
+``tokenizers`` renumbers them), a full ``Glm4vConfig`` whose token ids are the tokenizer's, and
+a small video pixel floor (small fixtures). The family chat template writes videos already.
 ``tests/server`` checks the ids against the recorded ones, so any drift fails there.
 """
 
@@ -18,8 +18,6 @@ __all__ = ("build_glm4v_folder",)
 
 #: the video processor's ``size.shortest_edge`` (pixels over the sampled frames)
 VIDEO_MIN_PIXELS = 28 * 28 * 2
-
-VIDEO_BRANCH = "{% elif content['type'] == 'video' %}<|begin_of_video|><|video|><|end_of_video|>"
 
 
 def build_glm4v_folder(path: Path) -> Path:
@@ -58,9 +56,4 @@ def build_glm4v_folder(path: Path) -> Path:
     # a small pixel floor for videos keeps the recorded tensors small (GLM-4.1V's is 112**2)
     processor["video_processor"]["size"]["shortest_edge"] = VIDEO_MIN_PIXELS
     (path / "processor_config.json").write_text(json.dumps(processor, indent=2))
-    template = (path / "chat_template.jinja").read_text()
-    text_branch = "{% elif content['type'] == 'text' %}"
-    assert text_branch in template, "the GLM chat template changed"
-    template = template.replace(text_branch, VIDEO_BRANCH + text_branch, 1)
-    (path / "chat_template.jinja").write_text(template)
     return path
