@@ -379,6 +379,9 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
+        #: write each temporal patch's timestamp as its whole seconds (``int(index / fps)``), as
+        #: vLLM's GLM-4.6V/GLM-OCR prompt does; HF's (the default) keeps the fraction
+        self.whole_second_timestamps = False
         self.image_token_id: int = int(hf_processor.image_token_id)
         self.video_processor: Any = getattr(hf_processor, "video_processor", None)
         sampling = _VIDEO_SAMPLING_KWARGS.get(type(hf_processor).__name__)
@@ -573,6 +576,8 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
             # second frame, whatever temporal_patch_size), the last repeated to grid_t
             fps = 24 if clip.fps is None else clip.fps
             seconds = [i / fps for i in clip.frames_indices][::2]
+            if self.whole_second_timestamps:
+                seconds = [float(int(t)) for t in seconds]
             grid_t = int(item.data["video_grid_thw"][0])
             seconds = seconds[:grid_t]
             seconds += [seconds[-1] if seconds else 0] * (grid_t - len(seconds))

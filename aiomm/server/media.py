@@ -9,7 +9,7 @@ given to ``Engine.process`` is never decoded here.
 
 :class:`VllmDecoder` is a :class:`~aiomm.stages.transform.Decoder`: pass it to ``Engine(...,
 decoder=...)``; its ``probe_video`` and ``sample_video`` read a video's header and pick its frames
-as vLLM's Qwen2-VL, Qwen3-VL or GLM-4V loader does (:mod:`aiomm.server.video_media`).
+as vLLM's Qwen2-VL, Qwen3-VL, GLM-4V or GLM-OCR loader does (:mod:`aiomm.server.video_media`).
 :func:`converts_mode` tells whether decoding changes the image mode, which vLLM folds into the
 item's hash (see :mod:`aiomm.server.mm_hash`).
 """
@@ -35,6 +35,7 @@ from .video_media import (
     probe_video_vllm,
     sample_indices,
     sample_indices_glm4v,
+    sample_indices_glm46v,
     sample_indices_qwen3,
 )
 
@@ -121,12 +122,12 @@ class VllmDecoder(PillowDecoder):
         video_loader: str = "qwen2_vl",
     ) -> None:
         """``video_loader``: the vLLM loader whose frames :meth:`sample_video` picks,
-        ``"qwen2_vl"``, ``"qwen3_vl"`` or ``"glm4v"``
+        ``"qwen2_vl"``, ``"qwen3_vl"``, ``"glm4v"`` or ``"glm46v"``
         (:func:`aiomm.server.video_media.video_loader`).
 
         :raises ConfigError: another loader.
         """
-        if video_loader not in ("qwen2_vl", "qwen3_vl", "glm4v"):
+        if video_loader not in ("qwen2_vl", "qwen3_vl", "glm4v", "glm46v"):
             raise ConfigError(f"unknown vLLM video loader {video_loader!r}")
         super().__init__(config or DecodeConfig(), max_pixels=max_pixels)
         self.video_loader = video_loader
@@ -161,11 +162,13 @@ class VllmDecoder(PillowDecoder):
         samples every video at 2 fps, whatever the HF processor's ``do_sample_frames``).
 
         :raises DecodeError, EmptyVideoError: see
-            :func:`aiomm.server.video_media.sample_indices`, ``sample_indices_qwen3`` and
-            ``sample_indices_glm4v``.
+            :func:`aiomm.server.video_media.sample_indices`, ``sample_indices_qwen3``,
+            ``sample_indices_glm4v`` and ``sample_indices_glm46v``.
         """
         if self.video_loader == "qwen3_vl":
             return sample_indices_qwen3(info)
         if self.video_loader == "glm4v":
             return sample_indices_glm4v(info)
+        if self.video_loader == "glm46v":
+            return sample_indices_glm46v(info)
         return sample_indices(info)

@@ -142,9 +142,12 @@ class RenderService:
         #: GLM-4V: vLLM's prompt update replaces ``<|begin_of_video|><|video|><|end_of_video|>``,
         #: so its video ranges cover both delimiters (the engine's cover the expansion between)
         self.video_delimiters: tuple[int, int] | None = None
-        if loader == "glm4v":
+        if loader in ("glm4v", "glm46v"):
             bov, eov = tokenizer.convert_tokens_to_ids(["<|begin_of_video|>", "<|end_of_video|>"])
             self.video_delimiters = (int(bov), int(eov))
+        if loader == "glm46v" and hasattr(engine.processor, "whole_second_timestamps"):
+            # vLLM's GLM-OCR prompt writes each patch's whole seconds, where HF's are fractional
+            engine.processor.whole_second_timestamps = True
         self.decoder = decoder or VllmDecoder(video_loader=loader or "qwen2_vl")
         self.engine = engine
         self.float_dtype = float_dtype
@@ -252,7 +255,7 @@ class RenderService:
         if parsed.videos and not self.takes_videos:
             raise ApiError(
                 "this model's videos are not supported (video_url parts are rendered for "
-                "Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4V)",
+                "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and GLM-OCR)",
                 param="video_url",
             )
         most = VIDEOS_PER_PROMPT.get(self.video_loader)

@@ -27,6 +27,13 @@ vLLM 0.33 loads a ``video_url`` with the ``Qwen2VLVideoBackend`` loader over the
   to the last frame, distinct, sorted) up to 300 s, else 600 frames at ``ceil(t * fps)`` for ``t``
   evenly over the duration (:func:`sample_indices_glm4v`; HF's ``Glm4vVideoProcessor`` rule with
   vLLM's defaults). The metadata names the backend ``"opencv_dynamic"``.
+* **GLM-OCR** (``GLM46VVideoBackend``, ``"glm46v"``, for ``Glm46VVideoProcessor``; the same
+  header and reader, backend ``"opencv"``): a rate chosen by the duration ``total / fps`` (3, 1
+  or 0.5 frames a second per temporal patch up to 30 s, 300 s, beyond), at most 640 frames, one
+  every step until the whole seconds run out, evenly spread instead when that gives fewer or more
+  (:func:`sample_indices_glm46v`; HF's ``Glm46VVideoProcessor`` rule). Its last-frame repeat for
+  an even count is a duplicate the reader reads once. The prompt's timestamps are whole seconds
+  (``int(index / fps)``, written ``"0.0 seconds"``), where HF's are fractional.
 * **Frames**: decoded in stream order and converted to RGB by FFmpeg's swscale. PyAV's
   ``to_ndarray(format="rgb24")`` gives the same bytes as OpenCV's BGR decode flipped to RGB
   (checked on H.264 4:2:0 and 4:4:4, VP8, VP9, MPEG-4 Part 2 and MJPEG with the same FFmpeg),
@@ -52,6 +59,7 @@ from aiomm.video import VideoInfo, import_av, open_container
 
 __all__ = (
     "GLM4V_VIDEO_PROCESSORS",
+    "GLM46V_VIDEO_PROCESSORS",
     "QWEN2_VIDEO_PROCESSORS",
     "QWEN3_VIDEO_PROCESSORS",
     "VIDEOS_PER_PROMPT",
@@ -60,6 +68,7 @@ __all__ = (
     "probe_video_vllm",
     "sample_indices",
     "sample_indices_glm4v",
+    "sample_indices_glm46v",
     "sample_indices_qwen3",
     "video_loader",
 )
@@ -71,11 +80,18 @@ QWEN2_VIDEO_PROCESSORS = frozenset({"Qwen2VLVideoProcessor"})
 QWEN3_VIDEO_PROCESSORS = frozenset({"Qwen3VLVideoProcessor"})
 #: HF video processors whose videos vLLM loads with ``DynamicVideoBackend`` (GLM-4.1V/4.5V)
 GLM4V_VIDEO_PROCESSORS = frozenset({"Glm4vVideoProcessor"})
+#: HF video processors whose videos vLLM loads with ``GLM46VVideoBackend`` (GLM-OCR, GLM-4.6V)
+GLM46V_VIDEO_PROCESSORS = frozenset({"Glm46VVideoProcessor"})
 #: videos one prompt may carry, per loader's model, where vLLM caps them
-#: (``get_supported_mm_limits``: GLM-4V takes one)
-VIDEOS_PER_PROMPT = {"glm4v": 1}
+#: (``get_supported_mm_limits``: the GLM-4V family takes one)
+VIDEOS_PER_PROMPT = {"glm4v": 1, "glm46v": 1}
 #: the ``video_backend`` each loader writes into the metadata (part of the hash)
-_BACKEND_NAMES = {"qwen2_vl": "opencv", "qwen3_vl": "opencv", "glm4v": "opencv_dynamic"}
+_BACKEND_NAMES = {
+    "qwen2_vl": "opencv",
+    "qwen3_vl": "opencv",
+    "glm4v": "opencv_dynamic",
+    "glm46v": "opencv",
+}
 _MAX_FPS = 30
 
 
@@ -268,16 +284,60 @@ def sample_indices_glm4v(
     return kept
 
 
+def sample_indices_glm46v(info: VideoInfo, *, temporal_patch_size: int = 2) -> list[int]:
+    """The frame indices vLLM's ``GLM46VVideoBackend`` (GLM-OCR) reads from a video of ``info``:
+    distinct and sorted, as its reader keeps them (none past the frames a reader gets, as
+    :func:`sample_indices`).
+
+    :raises DecodeError: a video without a frame rate.
+    :raises EmptyVideoError: no sampled frame can be read.
+    """
+    total = info.total_num_frames
+    video_fps = float(info.fps or 0.0)
+    if video_fps <= 0:
+        raise DecodeError("sampling a video needs its frame rate")
+    duration = total / video_fps
+    effective = min(duration, 2400)
+    target_fps = 3.0 if effective <= 30 else 1.0 if effective <= 300 else 0.5
+    extract = min(int(effective * target_fps * temporal_patch_size), 640)
+    max_second = int(duration)
+    indices: list[int] = []
+    if total < extract:
+        indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
+    else:
+        current, step = 0.0, 1 / (temporal_patch_size * target_fps)
+        for i in range(total):
+            if i * (1 / video_fps) >= current:  # vLLM's float expression, kept for equal ties
+                current += step
+                indices.append(i)
+                if current >= max_second:
+                    break
+    if len(indices) < extract:
+        start, end = (indices[0], indices[-1]) if indices else (0, max(total - 1, 0))
+        indices = np.linspace(start, end, extract, dtype=int).tolist()
+    elif len(indices) > extract:
+        indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
+    kept = sorted(set(indices))
+    readable = getattr(info, "readable_frames", None)
+    if readable is not None:
+        kept = [i for i in kept if i < readable]
+    if not kept:
+        raise EmptyVideoError("none of the sampled frames can be read")
+    return kept
+
+
 def video_loader(video_processor_class: str | None) -> str | None:
     """The vLLM video loader aiomm reproduces for a model whose HF video processor has this class
-    name: ``"qwen2_vl"``, ``"qwen3_vl"``, ``"glm4v"``, or None (vLLM samples that model's videos
-    otherwise)."""
+    name: ``"qwen2_vl"``, ``"qwen3_vl"``, ``"glm4v"``, ``"glm46v"``, or None (vLLM samples that
+    model's videos otherwise)."""
     if video_processor_class in QWEN2_VIDEO_PROCESSORS:
         return "qwen2_vl"
     if video_processor_class in QWEN3_VIDEO_PROCESSORS:
         return "qwen3_vl"
     if video_processor_class in GLM4V_VIDEO_PROCESSORS:
         return "glm4v"
+    if video_processor_class in GLM46V_VIDEO_PROCESSORS:
+        return "glm46v"
     return None
 
 

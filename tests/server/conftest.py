@@ -25,6 +25,8 @@ RECORDED_MODEL_QWEN2_5 = "/tmp/vllm-probe/qwen25vl"
 RECORDED_MODEL_QWEN3 = "/tmp/vllm-probe/qwen3vl"
 #: the same for the GLM-4V video fixtures (``fixtures_glm4v/``)
 RECORDED_MODEL_GLM4V = "/tmp/vllm-probe/glm4v"
+#: the same for the GLM-OCR video fixtures (``fixtures_glm_ocr/``)
+RECORDED_MODEL_GLM_OCR = "/tmp/vllm-probe/glmocr"
 
 
 def free_port() -> int:
@@ -128,6 +130,21 @@ def live_server_glm4v(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
         model=str(folder),
         model_id=RECORDED_MODEL_GLM4V,
         served_model_names=(RECORDED_MODEL_GLM4V,),
+    )
+    with LiveServer(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def live_server_glm_ocr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for the offline GLM-OCR folder (``tests/support/glm4v_folder.py``)."""
+    from glm4v_folder import build_glm_ocr_folder
+
+    folder = build_glm_ocr_folder(tmp_path_factory.mktemp("glm_ocr"))
+    config = ServerConfig(
+        model=str(folder),
+        model_id=RECORDED_MODEL_GLM_OCR,
+        served_model_names=(RECORDED_MODEL_GLM_OCR,),
     )
     with LiveServer(config) as server:
         yield server

@@ -18,9 +18,10 @@ The Qwen2.5-VL video fixtures (``fixtures_qwen2_5_vl/``) came from a server for 
 tests/server/fixtures_qwen2_5_vl --only video_...``). The GLM-4V video fixtures
 (``fixtures_glm4v/``: ``video_short``, ``video_three_frames``, ``video_two_short``) came
 from a server for ``tests/support/glm4v_folder.py``'s folder at ``/tmp/vllm-probe/glm4v``, with
-``MM_CACHE_GB=0``. The video cases need the server started with videos allowed
-(``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded
-frames, a few codecs and containers).
+``MM_CACHE_GB=0``; the GLM-OCR one (``fixtures_glm_ocr/video_one_second``) from a server for
+its ``build_glm_ocr_folder`` folder at ``/tmp/vllm-probe/glmocr``. The video cases need the
+server started with videos allowed (``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are
+made here with PyAV (seeded frames, a few codecs and containers).
 """
 
 from __future__ import annotations
@@ -173,6 +174,9 @@ def videos() -> dict[str, tuple[str, bytes]]:
         # fixture); 1.5 s gives 3 frames, the last repeated to 2 patches
         "short": ("video/mp4", _clip("libx264", "mp4", (40, 30), 10, 10, 18)),
         "three_frames": ("video/mp4", _clip("libx264", "mp4", (40, 30), 15, 10, 19)),
+        # GLM-OCR's loader (glm46v) takes 6 of these 8 frames: 3 patches whose whole-second
+        # timestamps are all 0 (the first frames at 0.375 and 0.75 s)
+        "one_second": ("video/mp4", _clip("libx264", "mp4", (28, 28), 8, 8, 20)),
     }
 
 
@@ -302,6 +306,7 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
         "video_h264": chat([user({"type": "text", "text": "Describe this video."}, video("h264"))]),
         "video_short": chat([user(text, video("short"))]),
         "video_three_frames": chat([user(text, video("three_frames"))]),
+        "video_one_second": chat([user(text, video("one_second"))]),
         # GLM-4V takes one video per prompt: two are a 400
         "video_two_short": chat([user(text, video("short"), video("three_frames"))]),
         "video_webm_vp9": chat([user(video("vp9"), {"type": "text", "text": "What happens?"})]),

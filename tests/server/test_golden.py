@@ -30,6 +30,9 @@ FIXTURES_GLM4V = Path(__file__).parent / "fixtures_glm4v"
 CASES_GLM4V = sorted(p.stem for p in FIXTURES_GLM4V.glob("*.json"))
 #: the GLM-4V folder's ``<|begin_of_video|>`` and ``<|end_of_video|>`` ids
 _GLM_VIDEO_DELIMITERS = (347, 348)
+#: videos rendered for a GLM-OCR folder: vLLM's glm46v loader, whole-second timestamps
+FIXTURES_GLM_OCR = Path(__file__).parent / "fixtures_glm_ocr"
+CASES_GLM_OCR = sorted(p.stem for p in FIXTURES_GLM_OCR.glob("*.json"))
 _RANDOM_KEYS = {"request_id"}
 
 
@@ -116,6 +119,20 @@ def test_glm4v_videos_match_vllm(live_server_glm4v: Any, name: str) -> None:
     assert all("timestamps" not in decode_item(m) for m in features["mm_metadata"]["video"])
 
 
+@pytest.mark.parametrize("name", CASES_GLM_OCR)
+def test_glm_ocr_videos_match_vllm(live_server_glm_ocr: Any, name: str) -> None:
+    case = _load(name, FIXTURES_GLM_OCR)
+    _check(live_server_glm_ocr, case, name)
+    ids = case["response"]["token_ids"]
+    # vLLM's timestamps are whole seconds: the 3 patches (frames 0, 3 and 6 of 8 at 8 fps) all
+    # read "0.0 seconds", where HF's would read 0.0, 0.4 and 0.8
+    (r,) = case["response"]["features"]["mm_placeholders"]["video"]
+    # the video delimiters, then per patch <|begin_of_image|>, one <|image|>, <|end_of_image|>
+    # and the two words of its timestamp
+    assert r["length"] == 2 + 3 * 5
+    assert len({ids[r["offset"] + 4 + 5 * k] for k in range(3)}) == 1  # one timestamp word
+
+
 def _check(live_server: Any, case: dict[str, Any], name: str) -> None:
     resp = httpx.post(live_server.url + case["path"], json=case["body"], timeout=60)
     assert resp.status_code == case["status"], resp.text
@@ -169,5 +186,6 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
         *FIXTURES_QWEN2_5.glob("*.json"),
         *FIXTURES_QWEN3.glob("*.json"),
         *FIXTURES_GLM4V.glob("*.json"),
+        *FIXTURES_GLM_OCR.glob("*.json"),
     ]
     assert sum(p.stat().st_size for p in files) < 4 << 20

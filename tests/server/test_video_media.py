@@ -24,6 +24,7 @@ from aiomm.server.video_media import (  # noqa: E402
     probe_video_vllm,
     sample_indices,
     sample_indices_glm4v,
+    sample_indices_glm46v,
     sample_indices_qwen3,
     video_loader,
 )
@@ -189,7 +190,8 @@ def test_sampling_follows_vllm_qwen3_loader() -> None:
     assert video_loader("Qwen3VLVideoProcessor") == "qwen3_vl"
     assert video_loader("Qwen2VLVideoProcessor") == "qwen2_vl"
     assert video_loader("Glm4vVideoProcessor") == "glm4v"
-    assert video_loader("Glm46VVideoProcessor") is None
+    assert video_loader("Glm46VVideoProcessor") == "glm46v"
+    assert video_loader("Glm5NextVideoProcessor") is None  # vLLM 0.33 has its own loader
     with pytest.raises(DecodeError, match="frame rate"):
         sample_indices_qwen3(VideoInfo(20, None, 8, 8))
 
@@ -245,5 +247,28 @@ def test_the_decoder_samples_with_its_loader() -> None:
     assert VllmDecoder(video_loader="qwen3_vl").sample_video(info) == [0, 6, 13, 19]
     assert VllmDecoder().sample_video(info) == [0, 5, 10, 15]
     assert VllmDecoder(video_loader="glm4v").sample_video(VideoInfo(15, 10.0, 8, 8)) == [0, 5, 10]
+    assert VllmDecoder(video_loader="glm46v").sample_video(VideoInfo(8, 8.0, 8, 8)) == [
+        0, 2, 3, 4, 6, 7,
+    ]  # fmt: skip
     with pytest.raises(ConfigError, match="loader"):
-        VllmDecoder(video_loader="glm46v")
+        VllmDecoder(video_loader="glm5next")
+
+
+def test_sampling_follows_vllm_glm46v_loader() -> None:
+    from aiomm.video import VideoInfo
+
+    # (values from vLLM 0.33's GLM46VVideoBackend.compute_frames_index_to_sample; its even-count
+    # repeat of the last frame is read once, as its reader reads each index once)
+    assert sample_indices_glm46v(VideoInfo(8, 8.0, 8, 8)) == [0, 2, 3, 4, 6, 7]
+    assert sample_indices_glm46v(VideoInfo(5, 5.0, 8, 8)) == [0, 1, 2, 3, 4]
+    assert sample_indices_glm46v(VideoInfo(4, 10.0, 8, 8)) == [0]  # under a second
+    mid = sample_indices_glm46v(VideoInfo(90, 29.97, 8, 8))
+    assert len(mid) == 18 and mid[:3] == [0, 5, 10] and mid[-1] == 85
+    minutes = sample_indices_glm46v(VideoInfo(1000, 25.0, 8, 8))  # 40 s: 1 a second per patch
+    assert len(minutes) == 80 and minutes[:3] == [0, 13, 25] and sum(minutes) == 39520
+    hours = sample_indices_glm46v(VideoInfo(20000, 30.0, 8, 8))  # capped at 640
+    assert len(hours) == 640 and hours[-2:] == [19967, 19999] and sum(hours) == 6399361
+    meta = hash_metadata(VideoInfo(8, 8.0, 8, 8), [0, 2, 3, 4, 6, 7], "glm46v")
+    assert meta["video_backend"] == "opencv" and meta["do_sample_frames"] is False
+    with pytest.raises(DecodeError, match="frame rate"):
+        sample_indices_glm46v(VideoInfo(20, None, 8, 8))
