@@ -508,11 +508,18 @@ def generate_request_features(
     *,
     tensors: bool = True,
     float_dtype: torch.dtype | None = None,
+    video_loader: str | None = None,
 ) -> dict[str, Any]:
     """vLLM's ``GenerateRequest.features`` of an engine result made with
     ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes (:func:`vllm_mm_hash`
     or the client's; a sequence for images, or a mapping per modality), ``tensors=False`` leaves
-    the payload out, ``float_dtype`` as :func:`encode_items`. JSON-ready (plain strings)."""
+    the payload out, ``float_dtype`` as :func:`encode_items`. JSON-ready (plain strings).
+
+    ``video_loader``: the model's vLLM video loader
+    (:func:`aiomm.server.video_media.video_loader` of its video processor's class name), which
+    decides the items' wire form as the render server does: only Qwen3-VL's (``"qwen3_vl"``)
+    video items carry a ``timestamps`` field and their own flat slices (GLM's keep their
+    timestamps in the prompt only); None: a ``timestamps`` field on every item that has them."""
     per_modality = {"image": hashes} if not isinstance(hashes, Mapping) else hashes
     per_modality = {m: list(h) for m, h in per_modality.items() if h}
     features: dict[str, Any] = {
@@ -525,7 +532,13 @@ def generate_request_features(
         "mm_metadata": None,
     }
     if tensors:
-        kwargs_data, metadata = encode_items(result.items, float_dtype=float_dtype)
+        qwen3 = video_loader == "qwen3_vl"
+        kwargs_data, metadata = encode_items(
+            result.items,
+            float_dtype=float_dtype,
+            per_item_slices=qwen3,
+            timestamps_field=qwen3 or video_loader is None,
+        )
         features["kwargs_data"], features["mm_metadata"] = {}, {}
         for m in per_modality:
             picked = [i for i, item in enumerate(result.items) if item.modality == m]

@@ -117,3 +117,28 @@ def test_dumps_chunks_splices_pieces_into_orjson_output() -> None:
     assert dumps_chunks({"a": 1}) == [b'{"a":1}']
     with pytest.raises(TypeError):
         dumps_chunks({"a": object()})
+
+
+@pytest.mark.parametrize(
+    ("loader", "field"), [("qwen3_vl", True), ("glm4v", False), ("glm46v", False), (None, True)]
+)
+def test_request_features_send_timestamps_as_the_loaders_model_does(
+    loader: str | None, field: bool
+) -> None:
+    from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
+    from aiomm.server.render import generate_request_features
+    from aiomm.types import Result
+
+    rows = torch.zeros(4, 6)
+    config = MultiModalFieldConfig.flat_from_sizes("video", [4])
+    item = MultiModalKwargsItem(
+        "video", {"pixel_values_videos": rows}, {"pixel_values_videos": config}
+    )
+    item.prompt_data["timestamps"] = [0.0, 1.0]
+    result = Result("r", items=[item])
+    features = generate_request_features(result, {"video": ["h"]}, video_loader=loader)
+    decoded = decode_item(features["mm_metadata"]["video"][0])
+    # vLLM's Qwen3-VL video items carry their prompt's timestamps; GLM's keep them in the prompt
+    assert ("timestamps" in decoded) is field
+    if field:
+        assert decode_item(features["kwargs_data"]["video"][0])["timestamps"][0] == [0.0, 1.0]
