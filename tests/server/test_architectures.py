@@ -376,3 +376,23 @@ def test_serve_refuses_an_unknown_name(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["serve", "no-such-model"]) == 2
     out = capsys.readouterr().out
     assert "not a model folder nor a registered name" in out and "Qwen2VL" in out
+
+
+def test_glm5_next_videos_stay_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.33 loads GLM-5-Next videos with its own ``Glm5NextVideoBackend`` (not reproduced:
+    its ``vllm launch render`` does not start for a GLM-5-Next folder, so nothing was recorded):
+    a ``video_url`` part is a 400 naming the parameter, and images still render."""
+    pytest.importorskip("av")
+    from video_samples import frames_of, make_video
+
+    monkeypatch.setenv("AIOMM_CACHE_DIR", str(tmp_path))
+    clip = base64.b64encode(make_video(frames_of(10, 30, 40), rate=10)).decode()
+    video = {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{clip}"}}
+    video_body = {"model": "glm-5-next", "messages": [{"role": "user", "content": [video]}]}
+    with TestClient(create_app(ServerConfig(model="glm-5-next"))) as client:
+        refused = client.post("/v1/chat/completions/render", json=video_body)
+        out = client.post("/v1/chat/completions/render", json=_body(IMAGES[:1]))
+    assert refused.status_code == 400, refused.text
+    assert "video" in refused.json()["error"]["param"]
+    assert "not supported" in refused.json()["error"]["message"]
+    assert out.status_code == 200, out.text
