@@ -219,12 +219,7 @@ def sample_indices(
         raise DecodeError(f"a video of {total} frames is too short to sample ({tps} at least)")
     indices = torch.arange(0, total, total / n).int()
     kept = sorted(set(torch.clamp(indices, max=total - 1).tolist()))
-    readable = getattr(info, "readable_frames", None)
-    if readable is not None:
-        kept = [i for i in kept if i < readable]
-        if not kept:
-            raise EmptyVideoError("none of the sampled frames can be read")
-    return kept
+    return _readable(kept, info)
 
 
 def sample_indices_qwen3(
@@ -242,12 +237,7 @@ def sample_indices_qwen3(
     n = int(total / info.fps * min(fps, _MAX_FPS))
     n = min(max(n, min_frames), min(max_frames, 768), total)
     kept: list[int] = np.linspace(0, total - 1, n).round().astype(int).tolist()
-    readable = getattr(info, "readable_frames", None)
-    if readable is not None:
-        kept = [i for i in kept if i < readable]
-    if not kept:
-        raise EmptyVideoError("none of the sampled frames can be read")
-    return kept
+    return _readable(kept, info)
 
 
 def sample_indices_glm4v(
@@ -276,12 +266,7 @@ def sample_indices_glm4v(
     if not chosen:  # under half a second: vLLM's loader reads no frame
         raise DecodeError(f"a video of {duration:.3f} s is too short to sample at {fps} fps")
     kept = sorted(chosen)
-    readable = getattr(info, "readable_frames", None)
-    if readable is not None:
-        kept = [i for i in kept if i < readable]
-    if not kept:
-        raise EmptyVideoError("none of the sampled frames can be read")
-    return kept
+    return _readable(kept, info)
 
 
 def sample_indices_glm46v(info: VideoInfo, *, temporal_patch_size: int = 2) -> list[int]:
@@ -318,6 +303,14 @@ def sample_indices_glm46v(info: VideoInfo, *, temporal_patch_size: int = 2) -> l
     elif len(indices) > extract:
         indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
     kept = sorted(set(indices))
+    return _readable(kept, info)
+
+
+def _readable(kept: list[int], info: VideoInfo) -> list[int]:
+    """``kept`` without the frames past those a reader gets (vLLM's reader skips them).
+
+    :raises EmptyVideoError: none is left.
+    """
     readable = getattr(info, "readable_frames", None)
     if readable is not None:
         kept = [i for i in kept if i < readable]

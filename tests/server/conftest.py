@@ -90,19 +90,22 @@ def live_server(
         yield server
 
 
+def _served(folder: Path, recorded_model: str) -> Iterator[LiveServer]:
+    """A live server for ``folder``, hashing items with the path vLLM was given."""
+    config = ServerConfig(
+        model=str(folder), model_id=recorded_model, served_model_names=(recorded_model,)
+    )
+    with LiveServer(config) as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def live_server_qwen2_5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A server for the Qwen2.5-VL variant of the folder (``second_per_grid_ts``)."""
     from qwen2vl_folder import build_folder
 
     folder = build_folder(tmp_path_factory.mktemp("qwen25vl"), variant="qwen2_5_vl")
-    config = ServerConfig(
-        model=str(folder),
-        model_id=RECORDED_MODEL_QWEN2_5,
-        served_model_names=(RECORDED_MODEL_QWEN2_5,),
-    )
-    with LiveServer(config) as server:
-        yield server
+    yield from _served(folder, RECORDED_MODEL_QWEN2_5)
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +114,7 @@ def live_server_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
     from qwen2vl_folder import build_folder
 
     folder = build_folder(tmp_path_factory.mktemp("qwen3vl"), variant="qwen3_vl")
-    config = ServerConfig(
-        model=str(folder),
-        model_id=RECORDED_MODEL_QWEN3,
-        served_model_names=(RECORDED_MODEL_QWEN3,),
-    )
-    with LiveServer(config) as server:
-        yield server
+    yield from _served(folder, RECORDED_MODEL_QWEN3)
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +122,7 @@ def live_server_glm4v(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
     """A server for the offline GLM-4.1V folder (``tests/support/glm4v_folder.py``)."""
     from glm4v_folder import build_glm4v_folder
 
-    folder = build_glm4v_folder(tmp_path_factory.mktemp("glm4v"))
-    config = ServerConfig(
-        model=str(folder),
-        model_id=RECORDED_MODEL_GLM4V,
-        served_model_names=(RECORDED_MODEL_GLM4V,),
-    )
-    with LiveServer(config) as server:
-        yield server
+    yield from _served(build_glm4v_folder(tmp_path_factory.mktemp("glm4v")), RECORDED_MODEL_GLM4V)
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +131,4 @@ def live_server_glm_ocr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Li
     from glm4v_folder import build_glm_ocr_folder
 
     folder = build_glm_ocr_folder(tmp_path_factory.mktemp("glm_ocr"))
-    config = ServerConfig(
-        model=str(folder),
-        model_id=RECORDED_MODEL_GLM_OCR,
-        served_model_names=(RECORDED_MODEL_GLM_OCR,),
-    )
-    with LiveServer(config) as server:
-        yield server
+    yield from _served(folder, RECORDED_MODEL_GLM_OCR)
