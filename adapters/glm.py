@@ -86,6 +86,7 @@ __all__ = (
     "glm5_next_canvas",
     "glm5_next_sample_frame_indices",
     "glm46v_sample_frame_indices",
+    "timed_frame_indices",
 )
 
 GLM_SPECIAL_TOKENS = (
@@ -211,11 +212,13 @@ def glm5_next_sample_frame_indices(
     return _timed_indices(total, video_fps, extract, 1 / fps, max_second)
 
 
-def _timed_indices(
+def timed_frame_indices(
     total: int, video_fps: float, extract: int, step: float, max_second: int
 ) -> list[int]:
-    """GLM-4.6V's and GLM-5-Next's frames: one every ``step`` seconds until ``max_second``
-    (evenly spread instead when that makes fewer or more than ``extract``), distinct, even."""
+    """GLM-4.6V's and GLM-5-Next's frame rule, before any deduplication: one frame every
+    ``step`` seconds until ``max_second`` (evenly spread instead when that makes fewer or more
+    than ``extract``). HF's processors then keep them distinct and even; vLLM's GLM-4.6V loader
+    reads each once (``aiomm.server.video_media``)."""
     indices: list[int] = []
     if total < extract:
         indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
@@ -232,7 +235,13 @@ def _timed_indices(
         indices = np.linspace(start, end, extract, dtype=int).tolist()
     elif len(indices) > extract:
         indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
-    return _unique_even(indices)
+    return indices
+
+
+def _timed_indices(
+    total: int, video_fps: float, extract: int, step: float, max_second: int
+) -> list[int]:
+    return _unique_even(timed_frame_indices(total, video_fps, extract, step, max_second))
 
 
 def _align(value: float, factor: int) -> int:

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aiomm.adapters.glm import timed_frame_indices
 from aiomm.errors import DecodeError, EmptyVideoError
 from aiomm.video import VideoInfo, import_av, open_container
 
@@ -285,23 +286,8 @@ def sample_indices_glm46v(info: VideoInfo, *, temporal_patch_size: int = 2) -> l
     effective = min(duration, 2400)
     target_fps = 3.0 if effective <= 30 else 1.0 if effective <= 300 else 0.5
     extract = min(int(effective * target_fps * temporal_patch_size), 640)
-    max_second = int(duration)
-    indices: list[int] = []
-    if total < extract:
-        indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
-    else:
-        current, step = 0.0, 1 / (temporal_patch_size * target_fps)
-        for i in range(total):
-            if i * (1 / video_fps) >= current:  # vLLM's float expression, kept for equal ties
-                current += step
-                indices.append(i)
-                if current >= max_second:
-                    break
-    if len(indices) < extract:
-        start, end = (indices[0], indices[-1]) if indices else (0, max(total - 1, 0))
-        indices = np.linspace(start, end, extract, dtype=int).tolist()
-    elif len(indices) > extract:
-        indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
+    step = 1 / (temporal_patch_size * target_fps)
+    indices = timed_frame_indices(total, video_fps, extract, step, int(duration))
     kept = sorted(set(indices))
     return _readable(kept, info)
 
