@@ -20,7 +20,14 @@ image a request, as chat traffic sends them), side by side in one process and on
 Images/s is wall-clock throughput with ``concurrency`` requests in flight, after one warm-up
 request; CPU ms per image is the process's CPU time over the images (the figure least disturbed
 by other work on a shared machine). Each system runs ``repeats`` interleaved times and keeps its
-best throughput. The item cache is off (every image is unique anyway).
+best throughput. The item cache is off (every image is unique anyway). A class holds
+:func:`images_per_class` images by default (about 64 MP of pixels, at least 24), so a run of
+small images lasts long enough that starting and draining the threads do not decide it: with 24
+images of 512 px a run lasted 0.07 s and read 0.85 of the floor where 256 images read 0.35-0.47.
+
+The fixed cost per request is aiomm (uint8 rows) on 56-px JPEGs, the smallest image the embedded
+default takes as it is (4 tokens, decode and resize about 0.1 ms): what the engine spends on a
+request besides decode and resize, in all threads and on the event loop alone.
 
 The fast-mode table compares ``DecodeConfig(fidelity="fast")`` with ``exact`` (uint8 rows) at the
 adapter's pixel budget (``size.longest_edge``; Qwen2-VL's embedded default is 1280 * 28 * 28, the
@@ -90,12 +97,25 @@ def make_class(size: int, n: int, seed: int) -> SizeClass:
     return SizeClass(size, images, shapes, formats)
 
 
+#: the pixels a size class holds by default (see :func:`images_per_class`)
+CLASS_PIXELS = 64 << 20
+#: the edge of the fixed-cost probe's images: Qwen2-VL's smallest unresized image (56 x 56)
+FIXED_COST_EDGE = 56
+
+
+def images_per_class(size: int) -> int:
+    """Images of a ``size`` class by default: about :data:`CLASS_PIXELS` pixels, 24 to 400."""
+    return min(400, max(24, CLASS_PIXELS // (size * size)))
+
+
 @dataclass
 class Run:
     """One system's best run over a size class."""
 
     images_per_s: float
     cpu_ms_per_image: float
+    #: CPU of the thread that ran the event loop (the driver's), per image
+    loop_cpu_ms_per_image: float | None = None
 
 
 async def _drive(items: Sequence[Any], one: Callable[[Any], Awaitable[Any]], limit: int) -> Run:
@@ -106,10 +126,11 @@ async def _drive(items: Sequence[Any], one: Callable[[Any], Awaitable[Any]], lim
         async with sem:
             return await one(item)
 
-    cpu, t = time.process_time(), time.perf_counter()
+    cpu, t, loop = time.process_time(), time.perf_counter(), time.thread_time()
     await asyncio.gather(*(go(i) for i in items))
     wall, cpu_s = time.perf_counter() - t, time.process_time() - cpu
-    return Run(len(items) / wall, cpu_s / len(items) * 1000)
+    n = len(items)
+    return Run(n / wall, cpu_s / n * 1000, (time.thread_time() - loop) / n * 1000)
 
 
 def _best(runs: list[Run]) -> Run:
@@ -296,10 +317,17 @@ def vllm_run(
     return Run(closed["images_per_s"], closed["cpu_s"] / max(1, closed["images"]) * 1000)
 
 
+def fixed_cost_images(n: int, seed: int) -> list[bytes]:
+    """``n`` distinct JPEGs of :data:`FIXED_COST_EDGE` px (decode and resize cost ~nothing)."""
+    rng = np.random.default_rng([seed, FIXED_COST_EDGE])
+    edge = FIXED_COST_EDGE
+    return [encode(photo_like(rng, edge, edge), "JPEG") for _ in range(n)]
+
+
 def run_sizes(
     sizes: Sequence[int],
     *,
-    per_class: int = 24,
+    per_class: int | None = None,
     threads: int | None = None,
     concurrency: int = 8,
     repeats: int = 2,
@@ -309,16 +337,19 @@ def run_sizes(
 ) -> dict[str, Any]:
     """Measure every size class; a JSON-friendly record (see :func:`report_sizes`).
 
-    With ``vllm_python`` (a vLLM 0.33 environment's interpreter) vLLM's processor path is
-    measured on every class too (its worker writes under ``out``).
+    ``per_class``: images per class (default :func:`images_per_class`). With ``vllm_python``
+    (a vLLM 0.33 environment's interpreter) vLLM's processor path is measured on every class too
+    (its worker writes under ``out``).
     """
     threads = threads or cores()
     keep_pillow_blocks(EngineConfig(transform_threads=threads).pillow_blocks_kept())
     tune_malloc()
     systems = Systems(threads, concurrency)
     classes = []
+    tiny = fixed_cost_images(per_class or 400, seed)
+    fixed = _best([systems.aiomm(tiny, device=False) for _ in range(repeats)])
     for size in sizes:
-        sc = make_class(size, per_class, seed)
+        sc = make_class(size, per_class or images_per_class(size), seed)
         n = len(sc.images)
         runs: dict[str, list[Run]] = {
             "aiomm float32": [],
@@ -382,6 +413,7 @@ def run_sizes(
         "concurrency": concurrency,
         "repeats": repeats,
         "max_pixels": int(_size_edge(systems.hf, "longest_edge")),
+        "fixed_cost": {"edge": FIXED_COST_EDGE, "requests": len(tiny), **vars(fixed)},
         "classes": classes,
     }
 
@@ -400,6 +432,14 @@ def report_sizes(record: dict[str, Any]) -> str:
         f"{'class':>6} {'MP':>5} {'system':<14} {'img/s':>8} {'CPU ms/img':>11} "
         f"{'x hf-thr':>9} {'x floor':>8} {'x floor run':>12} {'CPU floor/sys':>14}",
     ]
+    fixed = record.get("fixed_cost")
+    if fixed:
+        lines[1:1] = [
+            f"fixed cost per request (aiomm uint8, {fixed['requests']} JPEGs of {fixed['edge']} px,"
+            f" decode + resize ~0.1 ms): {fixed['images_per_s']:.0f} requests/s, "
+            f"{fixed['cpu_ms_per_image']:.2f} ms CPU per request, "
+            f"{fixed['loop_cpu_ms_per_image']:.2f} ms of it on the event loop",
+        ]
     for c in record["classes"]:
         s = c["systems"]
         hf, floor = s["hf-threads"]["images_per_s"], s["floor"]["images_per_s"]

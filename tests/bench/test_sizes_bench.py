@@ -32,6 +32,14 @@ def test_size_classes_mix_aspects_and_formats(sb: SimpleNamespace) -> None:
     assert any(270 <= h < 300 and w == 300 for h, w in sc.shapes)  # square-ish
 
 
+def test_a_class_holds_enough_pixels_for_a_run_of_small_images(sb: SimpleNamespace) -> None:
+    per = sb.sizes.images_per_class
+    assert (per(512), per(1024), per(2048), per(4032)) == (256, 64, 24, 24)
+    assert per(64) == 400  # bounded: the fixed cost probe has its own images
+    tiny = sb.sizes.fixed_cost_images(4, seed=0)
+    assert len(set(tiny)) == 4 and all(t[:2] == b"\xff\xd8" for t in tiny)  # distinct JPEGs
+
+
 def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
     sb: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -53,6 +61,10 @@ def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
         assert set(c["fast_jpeg"]) == {"exact", "fast"}  # the class's JPEGs alone, both modes
         for run in [*c["systems"].values(), *c["fast"].values(), *c["fast_jpeg"].values()]:
             assert run["images_per_s"] > 0 and run["cpu_ms_per_image"] > 0
+    fixed = record["fixed_cost"]  # the engine's own cost of a request, on 56-px JPEGs
+    assert (fixed["edge"], fixed["requests"]) == (56, 3)
+    assert fixed["images_per_s"] > 0 and fixed["cpu_ms_per_image"] > 0
+    assert 0 < fixed["loop_cpu_ms_per_image"] <= fixed["cpu_ms_per_image"]
     small, large = record["classes"]
     # at 256 px nothing is reduced: fast equals exact; at 2400 px (4.3-5.8 MP, the budget is
     # 1 MP) the two JPEGs are reduced, close to exact (the PNG is not)
@@ -68,6 +80,7 @@ def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
         "fast mode",
         "PSNR",
         "JPEG only",
+        "fixed cost per request",
     )
     for label in labels:
         assert label in printed
