@@ -260,15 +260,24 @@ def _installed(formats: tuple[str, ...]) -> list[str]:
 
 
 class _Source(io.BytesIO):
-    """The encoded bytes; remembers whether a read came back empty (the decoder wanted more)."""
+    """The encoded bytes; once :meth:`track` is called, remembers whether a read came back empty
+    (the decoder wanted more)."""
 
     ran_dry = False
 
-    def read(self, size: int | None = -1) -> bytes:
-        chunk = super().read(size)
-        if not chunk and size != 0:
-            self.ran_dry = True
-        return chunk
+    def track(self) -> None:
+        """Watch the reads from here on. The header parse before it reads with BytesIO's own C
+        ``read`` (a JPEG header takes dozens of small reads; a truncated header fails to parse)."""
+        base = super().read
+
+        def read(size: int | None = -1) -> bytes:
+            chunk = base(size)
+            if not chunk and size != 0:
+                self.ran_dry = True
+            return chunk
+
+        # an instance attribute shadows the method: Pillow's load looks ``fp.read`` up each time
+        self.read = read  # type: ignore[method-assign]
 
 
 def _open(
@@ -332,6 +341,8 @@ def _check_pixels(width: int, height: int, max_pixels: int, fmt: str | None) -> 
 def _load(image: PIL.Image.Image) -> None:
     # Forces Pillow's lazy decode here, in the worker thread.
     source = getattr(image, "fp", None)
+    if isinstance(source, _Source):
+        source.track()
     try:
         image.load()
     except MemoryError:

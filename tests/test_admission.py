@@ -64,3 +64,32 @@ def test_release_more_than_taken_is_an_error() -> None:
         budget.release(1)
     with pytest.raises(ValueError):
         ByteBudget(0)
+
+
+async def test_try_take_from_a_worker_thread_never_overtakes_a_waiter() -> None:
+    budget = ByteBudget(100)
+    assert await anyio.to_thread.run_sync(budget.try_take, 60)  # a worker admits its own item
+    assert not await anyio.to_thread.run_sync(budget.try_take, 50)  # does not fit: nothing taken
+    assert budget.statistics().in_use == 60
+    order: list[str] = []
+
+    async def wait_for(n: int) -> None:
+        await budget.acquire(n)
+        order.append("waiter")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_for, 70)
+        await anyio.sleep(0.01)
+        # 10 bytes fit, but a waiter is queued: the worker goes back to the loop instead
+        assert not await anyio.to_thread.run_sync(budget.try_take, 10)
+        budget.release(60)  # the loop's release wakes the waiter
+    assert order == ["waiter"]
+    assert budget.try_take(30) and budget.statistics().in_use == 100
+
+
+async def test_try_take_admits_an_item_larger_than_the_budget_alone() -> None:
+    budget = ByteBudget(100)
+    assert budget.try_take(500)  # nothing in use: admitted alone, as acquire does
+    assert not budget.try_take(1)
+    budget.release(500)
+    assert budget.statistics().in_use == 0

@@ -4,8 +4,10 @@ Input: what the hash stage returned and the request's processor kwargs. Output: 
 :class:`~aiomm.processing.fields.MultiModalKwargsItem` (uint8 rows when the device normalises).
 The header is probed first and the decode's peak memory (by the image's mode: a 1-bit PNG costs
 about 12 bytes a pixel, not 3) admitted against the byte budget, so a few huge images cannot
-exhaust memory before anything pushes back; decode, resize and patchify then run in one worker
-thread, bounded by ``transform_threads``.
+exhaust memory before anything pushes back; decode, resize and patchify then run in a worker
+thread, bounded by ``transform_threads``. An encoded image whose bytes fit the budget at once is
+probed, admitted and transformed in one worker trip; otherwise it waits for its bytes on the
+loop and takes a second trip.
 """
 
 from __future__ import annotations
@@ -126,30 +128,12 @@ class TransformStage(Stage):
         :raises ProcessingError: the transform failed.
         """
         with self.counted():
-            load: Callable[[], Any]
             if isinstance(raw, (bytes, bytearray, memoryview)):
-                data = bytes(raw)
-                info = await anyio.to_thread.run_sync(
-                    self.decoder.probe, data, limiter=self.limiter
-                )
-                nbytes = int(info.peak_bytes)
-                target = self._reduce_target(info, kwargs)
-                if target is None:
+                return await self._compute_encoded(bytes(raw), dict(kwargs), timings)
+            nbytes = int(raw.nbytes)  # already an RGB array (converted by the hash stage)
 
-                    def load() -> Any:
-                        return self.decoder.decode(data)
-                else:
-                    decoder = self.decoder
-                    assert isinstance(decoder, PillowDecoder)
-
-                    def load() -> Any:
-                        pixels = decoder.decode(data, reduce_to=target)
-                        return ReducedImage(pixels, info.height, info.width)
-            else:  # already an RGB array (converted by the hash stage)
-                nbytes = int(raw.nbytes)
-
-                def load() -> np.ndarray:
-                    return raw
+            def load() -> np.ndarray:
+                return raw
 
             await self.budget.acquire(nbytes)
             try:
@@ -161,6 +145,52 @@ class TransformStage(Stage):
             finally:
                 self.budget.release(nbytes)
             return item
+
+    async def _compute_encoded(
+        self, data: bytes, kwargs: dict[str, Any], timings: dict[str, float]
+    ) -> MultiModalKwargsItem:
+        # One worker trip while the budget has room: the worker probes the header, admits the
+        # decode's peak bytes itself and transforms (a trip costs a small image as much CPU as
+        # its resize). When the bytes do not fit, the worker hands back the header and the
+        # item waits for them on the loop, holding no worker, then takes a second trip.
+        taken = [0]  # the bytes this item holds, whichever thread admitted them
+        try:
+            t = time.perf_counter()
+            first = await anyio.to_thread.run_sync(
+                self._probe_and_transform, data, kwargs, taken, limiter=self.limiter
+            )
+            if isinstance(first, ImageInfo):
+                nbytes = int(first.peak_bytes)
+                await self.budget.acquire(nbytes)
+                taken[0] = nbytes
+                t = time.perf_counter()
+                first = await anyio.to_thread.run_sync(
+                    self._transform, self._loader(data, first, kwargs), kwargs, limiter=self.limiter
+                )
+            timings["decode_transform"] = time.perf_counter() - t
+            return first
+        finally:
+            if taken[0]:
+                self.budget.release(taken[0])
+
+    def _probe_and_transform(
+        self, data: bytes, kwargs: dict[str, Any], taken: list[int]
+    ) -> MultiModalKwargsItem | ImageInfo:
+        """Worker thread: the item, or the header's info when its bytes do not fit now."""
+        info = self.decoder.probe(data)
+        nbytes = int(info.peak_bytes)
+        if not self.budget.try_take(nbytes):
+            return info
+        taken[0] = nbytes  # released by the loop (the caller's finally), also on an error
+        return self._transform(self._loader(data, info, kwargs), kwargs)
+
+    def _loader(self, data: bytes, info: ImageInfo, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+        target = self._reduce_target(info, kwargs)
+        if target is None:
+            return lambda: self.decoder.decode(data)
+        decoder = self.decoder
+        assert isinstance(decoder, PillowDecoder)
+        return lambda: ReducedImage(decoder.decode(data, reduce_to=target), info.height, info.width)
 
     def _reduce_target(self, info: ImageInfo, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
         # The fast mode's reduced decode applies to JPEGs whose target is at most half the source.
