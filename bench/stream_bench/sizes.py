@@ -23,7 +23,7 @@ by other work on a shared machine). Each system runs ``repeats`` interleaved tim
 best throughput. The item cache is off (every image is unique anyway). A class holds
 :func:`images_per_class` images by default (about 64 MP of pixels, at least 24), so a run of
 small images lasts long enough that starting and draining the threads do not decide it: with 24
-images of 512 px a run lasted 0.07 s and read 0.85 of the floor where 256 images read 0.35-0.47.
+images of 512 px a run lasted 0.07 s and read 0.85 of the floor run where 300 images read 0.35-0.47.
 
 The fixed cost per request is aiomm (uint8 rows) on 56-px JPEGs, the smallest image the embedded
 default takes as it is (4 tokens, decode and resize about 0.1 ms): what the engine spends on a
