@@ -193,6 +193,17 @@ def probe_video_vllm(data: bytes) -> VideoInfo:
     return VllmVideoInfo(total, fps, height, width, readable_frames=readable)
 
 
+def _frame_rate(info: VideoInfo) -> float:
+    """The video's frame rate, which every vLLM sampler divides by.
+
+    :raises DecodeError: the header gives none.
+    """
+    fps = float(info.fps or 0.0)
+    if fps <= 0:
+        raise DecodeError("sampling a video needs its frame rate")
+    return fps
+
+
 def sample_indices(
     info: VideoInfo,
     *,
@@ -211,9 +222,7 @@ def sample_indices(
     total = info.total_num_frames
     tps = temporal_patch_size
     top = math.floor(min(min(max_frames, 768), total) / tps) * tps
-    if not info.fps:
-        raise DecodeError("sampling a video needs its frame rate")
-    n: float = total / info.fps * min(fps, _MAX_FPS)
+    n: float = total / _frame_rate(info) * min(fps, _MAX_FPS)
     n = min(max(n, min_frames), top, total)
     n = math.floor(n / tps) * tps
     if n <= 0:
@@ -233,9 +242,7 @@ def sample_indices_qwen3(
     :raises EmptyVideoError: no sampled frame can be read.
     """
     total = info.total_num_frames
-    if not info.fps:
-        raise DecodeError("sampling a video needs its frame rate")
-    n = int(total / info.fps * min(fps, _MAX_FPS))
+    n = int(total / _frame_rate(info) * min(fps, _MAX_FPS))
     n = min(max(n, min_frames), min(max_frames, 768), total)
     kept: list[int] = np.linspace(0, total - 1, n).round().astype(int).tolist()
     return _readable(kept, info)
@@ -251,9 +258,7 @@ def sample_indices_glm4v(
     :raises EmptyVideoError: no sampled frame can be read.
     """
     total = info.total_num_frames
-    video_fps = float(info.fps or 0.0)
-    if video_fps <= 0:
-        raise DecodeError("sampling a video needs its frame rate")
+    video_fps = _frame_rate(info)
     duration = total / video_fps
     last = total - 1
     if duration <= max_duration:
@@ -279,9 +284,7 @@ def sample_indices_glm46v(info: VideoInfo, *, temporal_patch_size: int = 2) -> l
     :raises EmptyVideoError: no sampled frame can be read.
     """
     total = info.total_num_frames
-    video_fps = float(info.fps or 0.0)
-    if video_fps <= 0:
-        raise DecodeError("sampling a video needs its frame rate")
+    video_fps = _frame_rate(info)
     duration = total / video_fps
     effective = min(duration, 2400)
     target_fps = 3.0 if effective <= 30 else 1.0 if effective <= 300 else 0.5
