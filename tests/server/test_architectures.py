@@ -337,19 +337,24 @@ def test_gateway_with_the_official_client(name: str, folders: Folders) -> None:
         assert standin.seen[-1]["stream"] is True
 
 
+def _video_body(model: str) -> dict[str, Any]:
+    """A chat render request with one short H.264 clip as a data URL (skips without PyAV)."""
+    pytest.importorskip("av")
+    from video_samples import frames_of, make_video
+
+    clip = base64.b64encode(make_video(frames_of(10, 30, 40), rate=10)).decode()
+    video = {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{clip}"}}
+    return {"model": model, "messages": [{"role": "user", "content": [video]}]}
+
+
 def test_a_short_name_serves_its_offline_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``aiomm serve glm-4v``: the registered name is built into the cache and served; its
     items are hashed with the name as the model id; its chat template writes videos, whose
     ranges span ``<|begin_of_video|>`` to ``<|end_of_video|>`` (the golden GLM-4V fixtures)."""
-    pytest.importorskip("av")
-    from video_samples import frames_of, make_video
-
+    video_body = _video_body("glm-4v")
     monkeypatch.setenv("AIOMM_CACHE_DIR", str(tmp_path))
-    clip = base64.b64encode(make_video(frames_of(10, 30, 40), rate=10)).decode()
-    video = {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{clip}"}}
-    video_body = {"model": "glm-4v", "messages": [{"role": "user", "content": [video]}]}
     with TestClient(create_app(ServerConfig(model="glm-4v"))) as client:
         out = client.post("/v1/chat/completions/render", json=_body(IMAGES[:1]))
         assert out.status_code == 200, out.text
@@ -382,13 +387,8 @@ def test_glm5_next_videos_stay_refused(tmp_path: Path, monkeypatch: pytest.Monke
     """vLLM 0.33 loads GLM-5-Next videos with its own ``Glm5NextVideoBackend`` (not reproduced:
     its ``vllm launch render`` does not start for a GLM-5-Next folder, so nothing was recorded):
     a ``video_url`` part is a 400 naming the parameter, and images still render."""
-    pytest.importorskip("av")
-    from video_samples import frames_of, make_video
-
+    video_body = _video_body("glm-5-next")
     monkeypatch.setenv("AIOMM_CACHE_DIR", str(tmp_path))
-    clip = base64.b64encode(make_video(frames_of(10, 30, 40), rate=10)).decode()
-    video = {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{clip}"}}
-    video_body = {"model": "glm-5-next", "messages": [{"role": "user", "content": [video]}]}
     with TestClient(create_app(ServerConfig(model="glm-5-next"))) as client:
         refused = client.post("/v1/chat/completions/render", json=video_body)
         out = client.post("/v1/chat/completions/render", json=_body(IMAGES[:1]))
