@@ -320,6 +320,8 @@ class Engine:
         # Exits the task group (joining every task) and closes the fetcher. It must run in the
         # task that opened the engine, with no cancel scope of ours around it.
         await stack.aclose()
+        if self._pipeline is not None:
+            self._pipeline.transform.workers.shutdown()  # idle now: its callers have ended
         if self.device.host_outputs is not None:
             # results still held by callers keep their memory; idle blocks go now
             self.device.host_outputs.clear()

@@ -4,10 +4,11 @@ Input: what the hash stage returned and the request's processor kwargs. Output: 
 :class:`~aiomm.processing.fields.MultiModalKwargsItem` (uint8 rows when the device normalises).
 The header is probed first and the decode's peak memory (by the image's mode: a 1-bit PNG costs
 about 12 bytes a pixel, not 3) admitted against the byte budget, so a few huge images cannot
-exhaust memory before anything pushes back; decode, resize and patchify then run in a worker
-thread, bounded by ``transform_threads``. An encoded image whose bytes fit the budget at once is
-probed, admitted and transformed in one worker trip; otherwise it waits for its bytes on the
-loop and takes a second trip.
+exhaust memory before anything pushes back; decode, resize and patchify then run in the stage's
+own worker threads (``transform_threads``, fed from one queue: a worker that finishes an item
+starts the next without a trip through the loop). An encoded image whose bytes fit the budget at
+once is probed, admitted and transformed in one worker trip; otherwise it waits for its bytes on
+the loop and takes a second trip.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-import anyio.to_thread
 import numpy as np
 import torch
 
@@ -35,8 +35,9 @@ from aiomm.video import (
     probe_video,
     sampled_bytes,
 )
+from aiomm.worker_pool import WorkerPool
 
-from ._stage import Stage
+from ._stage import Stage, StageStatistics
 
 __all__ = ("Decoder", "PillowDecoder", "TransformStage", "VideoLimits")
 
@@ -109,7 +110,9 @@ class TransformStage(Stage):
         fidelity: Fidelity = "exact",
         video_limits: VideoLimits | None = None,
     ) -> None:
-        super().__init__(threads)
+        super().__init__(None)
+        #: the worker threads (the engine shuts them down when it closes)
+        self.workers = WorkerPool(threads, "aiomm-transform")
         self.processor = processor
         self.decoder = decoder
         self.budget = budget
@@ -138,9 +141,7 @@ class TransformStage(Stage):
             await self.budget.acquire(nbytes)
             try:
                 t = time.perf_counter()
-                item = await anyio.to_thread.run_sync(
-                    self._transform, load, dict(kwargs), limiter=self.limiter
-                )
+                item = await self.workers.run(self._transform, load, dict(kwargs))
                 timings["decode_transform"] = time.perf_counter() - t
             finally:
                 self.budget.release(nbytes)
@@ -156,16 +157,14 @@ class TransformStage(Stage):
         taken = [0]  # the bytes this item holds, whichever thread admitted them
         try:
             t = time.perf_counter()
-            first = await anyio.to_thread.run_sync(
-                self._probe_and_transform, data, kwargs, taken, limiter=self.limiter
-            )
+            first = await self.workers.run(self._probe_and_transform, data, kwargs, taken)
             if isinstance(first, ImageInfo):
                 nbytes = int(first.peak_bytes)
                 await self.budget.acquire(nbytes)
                 taken[0] = nbytes
                 t = time.perf_counter()
-                first = await anyio.to_thread.run_sync(
-                    self._transform, self._loader(data, first, kwargs), kwargs, limiter=self.limiter
+                first = await self.workers.run(
+                    self._transform, self._loader(data, first, kwargs), kwargs
                 )
             timings["decode_transform"] = time.perf_counter() - t
             return first
@@ -221,7 +220,7 @@ class TransformStage(Stage):
             if isinstance(raw, (bytes, bytearray, memoryview)):
                 data = bytes(raw)
                 probe = getattr(self.decoder, "probe_video", probe_video)
-                info = await anyio.to_thread.run_sync(probe, data, limiter=self.limiter)
+                info = await self.workers.run(probe, data)
                 sample = getattr(self.decoder, "sample_video", None)
                 indices = sample(info) if sample else processor.sample_frames(info, kwargs)
                 check_budget(info, indices, **limits._asdict())
@@ -243,13 +242,17 @@ class TransformStage(Stage):
             await self.budget.acquire(nbytes)
             try:
                 t0 = time.perf_counter()
-                item = await anyio.to_thread.run_sync(
-                    self._transform, load, dict(kwargs), "video", limiter=self.limiter
-                )
+                item = await self.workers.run(self._transform, load, dict(kwargs), "video")
                 timings["decode_transform"] = time.perf_counter() - t0
             finally:
                 self.budget.release(nbytes)
             return item
+
+    def statistics(self) -> StageStatistics:
+        s = self.workers.statistics()
+        return StageStatistics(
+            self.name, s.capacity, s.in_use, s.waiting, self._completed, self._failed
+        )
 
     def _transform(
         self, load: Callable[[], Any], kwargs: dict[str, Any], modality: str = "image"
