@@ -347,14 +347,20 @@ async def test_closed_engine_and_unknown_model(make_processor) -> None:
 async def test_close_cancels_in_flight_work_and_leaks_no_task(make_processor) -> None:
     import asyncio
 
+    def transform_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("aiomm-transform")]
+
     before = set(asyncio.all_tasks())
     big = [encode(image(50 + i, 1200, 1600), "PNG") for i in range(4)]
-    async with Engine(make_processor(), EngineConfig(device="cpu")) as engine:
+    config = EngineConfig(device="cpu", transform_threads=2)
+    async with Engine(make_processor(), config) as engine:
         stream = engine.stream(Request(prompt=prompt(1), images=[b]) for b in itertools.cycle(big))
         async with stream:
             await stream.__anext__()
+            assert 1 <= len(transform_threads()) <= 2
     await anyio.lowlevel.checkpoint()
     assert set(asyncio.all_tasks()) - before <= {asyncio.current_task()}
+    assert transform_threads() == []  # the worker threads end with the engine
 
 
 def test_cli_run_on_embedded_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -438,6 +444,8 @@ async def test_stats_report_stages_queues_and_cache(make_processor) -> None:
     }
     assert stats.requests_cancelled == 0
     assert stats.stage_statistics["transform"].completed == 1
+    assert stats.queues["transform"].capacity == engine.config.transform_threads
+    assert stats.queues["transform"].in_use == stats.queues["transform"].waiting == 0
     assert stats.stage_statistics["transform"].failed == 1  # the bytes that are no image
     assert stats.stage_statistics["output"].completed == 3
     assert stats.device.runs == 3 and stats.device.device == "cpu"
