@@ -622,7 +622,7 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     def num_image_tokens(self, item: MultiModalKwargsItem) -> int:
         # As Glm4vProcessor.replace_image_token: the processor's merge_size, not the kwarg.
         merge = int(self.image_processor.merge_size)
-        return int(item.data["image_grid_thw"].prod()) // (merge * merge)
+        return math.prod(item.data["image_grid_thw"].tolist()) // (merge * merge)
 
     def _get_prompt_updates(
         self,

@@ -664,7 +664,7 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
 
     def num_image_tokens(self, item: MultiModalKwargsItem, hf_kwargs: Mapping[str, Any]) -> int:
         merge = int(hf_kwargs.get("merge_size", self.image_processor.merge_size))
-        return int(item.data["image_grid_thw"].prod()) // (merge * merge)
+        return math.prod(item.data["image_grid_thw"].tolist()) // (merge * merge)
 
     def _set_prompt_data(
         self,
@@ -721,7 +721,7 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             merge = int(hf_kwargs.get("merge_size", self.video_processor.merge_size))
 
             def video_tokens(i: int) -> int:
-                return int(videos[i].data["video_grid_thw"].prod()) // (merge * merge)
+                return math.prod(videos[i].data["video_grid_thw"].tolist()) // (merge * merge)
 
             updates += grid_prompt_updates(self.video_token_id, video_tokens, "video")
         return updates
