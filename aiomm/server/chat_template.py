@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from aiomm.processing.tokenize import encode_plain
+
 from .errors import ApiError
 
 __all__ = ("ChatRenderer",)
@@ -46,4 +48,4 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return encode_plain(self.tokenizer, text)

@@ -13,6 +13,7 @@ from typing import Any
 from aiomm.errors import ProcessingError
 from aiomm.processing.fields import MultiModalKwargsItem
 from aiomm.processing.processor import BaseMultiModalProcessor, ProcessedInputs
+from aiomm.processing.tokenize import encode_plain
 from aiomm.types import Request
 
 from ._stage import Stage
@@ -41,10 +42,7 @@ class AssembleStage(Stage):
             raise ProcessingError(
                 f"{type(self.processor).__name__} has no tokenizer: pass prompt_token_ids"
             )
-        backend = _plain_backend(tokenizer)
-        if backend is not None:
-            return list(backend.encode(request.prompt, add_special_tokens=False).ids)
-        return list(tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
+        return encode_plain(tokenizer, request.prompt)
 
     def assemble(
         self,
@@ -65,23 +63,3 @@ class AssembleStage(Stage):
             if videos:
                 mm_kwargs["video"] = list(videos)
             return self.processor.assemble(prompt_ids, mm_kwargs, kwargs)
-
-
-def _plain_backend(tokenizer: Any) -> Any:
-    """The ``tokenizers.Tokenizer`` behind an HF fast tokenizer when calling it directly gives
-    the wrapper's ids (no truncation, padding or special-token splitting left switched on);
-    else None. The wrapper's own bookkeeping costs twice the encoding of a short prompt."""
-    # asked of the class: a stand-in that builds the real tokenizer on unknown attributes (the
-    # stored snapshots) encodes directly already and must not be made to build it
-    if not isinstance(getattr(type(tokenizer), "backend_tokenizer", None), property):
-        return None
-    backend = tokenizer.backend_tokenizer
-    if not hasattr(backend, "encode"):
-        return None
-    if backend.truncation is not None or backend.padding is not None:
-        return None
-    if bool(backend.encode_special_tokens) != bool(
-        getattr(tokenizer, "split_special_tokens", False)
-    ):
-        return None
-    return backend

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from aiomm.adapters import build_processor, supported_adapters
-from aiomm.stages.assemble import AssembleStage, _plain_backend
+from aiomm.processing.tokenize import encode_plain, plain_backend
+from aiomm.stages.assemble import AssembleStage
 from aiomm.types import Request
 
 PROMPTS = [
@@ -21,10 +22,18 @@ PROMPTS = [
 def test_backend_ids_equal_the_wrappers(make_processor, name: str) -> None:
     stage = AssembleStage(make_processor(name))
     tokenizer = stage.processor.hf_processor.tokenizer
-    assert _plain_backend(tokenizer) is not None  # every reference tokenizer is a fast one
+    assert plain_backend(tokenizer) is not None  # every reference tokenizer is a fast one
     for prompt in PROMPTS:
         expected = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         assert stage.prompt_ids(Request(prompt=prompt)) == list(expected)
+
+
+@pytest.mark.parametrize("name", [info.short_name for info in supported_adapters()])
+def test_encode_plain_equals_the_wrappers_encode(make_processor, name: str) -> None:
+    # the server's chat renderer tokenizes the rendered template with it
+    tokenizer = make_processor(name).hf_processor.tokenizer
+    for prompt in PROMPTS:
+        assert encode_plain(tokenizer, prompt) == tokenizer.encode(prompt, add_special_tokens=False)
 
 
 def test_backend_state_the_wrapper_would_reset_falls_back(make_processor) -> None:
@@ -32,18 +41,18 @@ def test_backend_state_the_wrapper_would_reset_falls_back(make_processor) -> Non
     backend = tokenizer.backend_tokenizer
     backend.enable_truncation(max_length=2)
     try:
-        assert _plain_backend(tokenizer) is None  # the wrapper switches truncation off first
+        assert plain_backend(tokenizer) is None  # the wrapper switches truncation off first
         stage = AssembleStage(make_processor("qwen2-vl"))
         assert len(stage.prompt_ids(Request(prompt=PROMPTS[1]))) > 2
     finally:
         backend.no_truncation()
-    assert _plain_backend(tokenizer) is backend
+    assert plain_backend(tokenizer) is backend
 
 
 def test_a_stored_tokenizer_is_not_made_to_build_the_real_one() -> None:
     processor = build_processor("qwen2-vl")  # the stored snapshot
     tokenizer = processor.hf_processor.tokenizer
     # asked of its class only (tests/adapters/test_stored.py: nothing imports transformers)
-    assert _plain_backend(tokenizer) is None
+    assert plain_backend(tokenizer) is None
     ids = AssembleStage(processor).prompt_ids(Request(prompt=PROMPTS[0]))
     assert ids == tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
