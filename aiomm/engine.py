@@ -317,15 +317,18 @@ class Engine:
         tg, stack = self._tg, self._stack
         self._tg = self._stack = None
         tg.cancel_scope.cancel()
-        # Exits the task group (joining every task) and closes the fetcher. It must run in the
-        # task that opened the engine, with no cancel scope of ours around it.
-        await stack.aclose()
-        if self._pipeline is not None:
-            self._pipeline.transform.workers.shutdown()  # idle now: its callers have ended
-        if self.device.host_outputs is not None:
-            # results still held by callers keep their memory; idle blocks go now
-            self.device.host_outputs.clear()
-        self._release_process_settings()
+        try:
+            # Exits the task group (joining every task) and closes the fetcher. It must run in
+            # the task that opened the engine, with no cancel scope of ours around it.
+            await stack.aclose()
+        finally:
+            if self._pipeline is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._pipeline.transform.workers.aclose()
+            if self.device.host_outputs is not None:
+                # results still held by callers keep their memory; idle blocks go now
+                self.device.host_outputs.clear()
+            self._release_process_settings()
         log.info("engine_closed", adapter=self.adapter_id)
 
     def _release_process_settings(self) -> None:

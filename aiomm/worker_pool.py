@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
+import anyio.to_thread
+
+from aiomm.errors import EngineClosedError
 
 __all__ = ("WorkerPool", "WorkerPoolStatistics")
 
@@ -39,7 +42,8 @@ class WorkerPool:
 
     Like ``anyio.to_thread.run_sync`` without ``abandon_on_cancel``: a job runs in a copy of
     the caller's context, and a caller cancelled while its job runs waits for the job to end
-    (a queued job is dropped at once). Threads start on first use and end at :meth:`shutdown`.
+    (a queued job is dropped at once). Threads start on first use and end at :meth:`aclose`.
+    They are not anyio worker threads: a job cannot use ``anyio.from_thread``.
     """
 
     def __init__(self, threads: int, name: str) -> None:
@@ -47,47 +51,55 @@ class WorkerPool:
             raise ValueError(f"threads={threads} must be positive")
         self.capacity = threads
         self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
-        # the loop counts jobs submitted, dropped before they started, and seen to end; the
-        # workers count jobs started (under the lock)
-        self._submitted = self._dropped = self._ended = 0
-        self._started = 0
+        self._closed = False
+        # jobs submitted and dropped before they started (the loop's counts), started and
+        # running (the workers', under the lock)
+        self._submitted = self._dropped = 0
+        self._started = self._running = 0
         self._lock = threading.Lock()
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` in a worker thread; its result, or its exception.
 
-        :raises RuntimeError: the pool was shut down.
+        :raises EngineClosedError: the pool was closed.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise EngineClosedError("the worker threads are closed: the engine is not open")
         future = self._executor.submit(self._call, contextvars.copy_context(), fn, args)
         self._submitted += 1
         try:
-            result = await asyncio.wrap_future(future)
+            return await asyncio.wrap_future(future)
         except BaseException:
             if future.cancel():  # still queued: it never runs
                 self._dropped += 1
                 raise
             if not future.done():  # running: wait for it, as anyio does
                 with anyio.CancelScope(shield=True):
-                    await asyncio.wait([asyncio.wrap_future(future)])
-            self._ended += 1
+                    waiter = asyncio.wrap_future(future)
+                    await asyncio.wait([waiter])
+                    if not waiter.cancelled():
+                        waiter.exception()  # read: the caller is cancelled, not failed
             raise
-        self._ended += 1
-        return result
 
     def _call(self, context: contextvars.Context, fn: Callable[..., T], args: tuple) -> T:
         with self._lock:
             self._started += 1
-        return context.run(fn, *args)
+            self._running += 1
+        try:
+            return context.run(fn, *args)
+        finally:
+            with self._lock:
+                self._running -= 1
 
     def statistics(self) -> WorkerPoolStatistics:
         with self._lock:
-            started = self._started
-        running = max(0, started - self._ended)
+            started, running = self._started, self._running
         queued = max(0, self._submitted - self._dropped - started)
-        return WorkerPoolStatistics(self.capacity, min(running, self.capacity), queued)
+        return WorkerPoolStatistics(self.capacity, running, queued)
 
-    def shutdown(self) -> None:
-        """Drop queued jobs and join the threads (after the callers' tasks have ended, they
-        are idle)."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
+    async def aclose(self) -> None:
+        """Refuse new jobs, let the submitted ones finish and join the threads (off the loop:
+        a caller outside the engine's tasks may still have a job running)."""
+        self._closed = True
+        await anyio.to_thread.run_sync(self._executor.shutdown)

@@ -43,7 +43,8 @@ __all__ = ("Decoder", "PillowDecoder", "TransformStage", "VideoLimits")
 
 
 class Decoder(Protocol):
-    """What the transform stage needs of a decoder (thread-safe; called in worker threads)."""
+    """What the transform stage needs of a decoder (thread-safe; called in the stage's worker
+    threads, which are not anyio's: ``anyio.from_thread`` is not available there)."""
 
     def probe(self, data: bytes) -> ImageInfo:
         """The header's size and mode and the decode's peak bytes, without decoding pixels."""

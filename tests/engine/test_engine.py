@@ -347,8 +347,14 @@ async def test_closed_engine_and_unknown_model(make_processor) -> None:
 async def test_close_cancels_in_flight_work_and_leaks_no_task(make_processor) -> None:
     import asyncio
 
+    others = set(threading.enumerate())  # another engine's, left open, would not count
+
     def transform_threads() -> list[threading.Thread]:
-        return [t for t in threading.enumerate() if t.name.startswith("aiomm-transform")]
+        return [
+            t
+            for t in threading.enumerate()
+            if t.name.startswith("aiomm-transform") and t not in others
+        ]
 
     before = set(asyncio.all_tasks())
     big = [encode(image(50 + i, 1200, 1600), "PNG") for i in range(4)]
