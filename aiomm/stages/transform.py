@@ -111,8 +111,8 @@ class TransformStage(Stage):
         fidelity: Fidelity = "exact",
         video_limits: VideoLimits | None = None,
     ) -> None:
-        super().__init__(None)
-        #: the worker threads (the engine shuts them down when it closes)
+        super().__init__(None)  # bounded by its own pool instead of a limiter (statistics())
+        #: the worker threads (the engine closes them when it closes)
         self.workers = WorkerPool(threads, "aiomm-transform")
         self.processor = processor
         self.decoder = decoder
