@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -19,6 +20,32 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture
+async def pool() -> AsyncIterator[WorkerPool]:
+    """One worker thread, closed after the test."""
+    pool = WorkerPool(1, "aiomm-test")
+    yield pool
+    await pool.aclose()
+
+
+class Gate:
+    """A job that holds its worker until :meth:`open`; ``started`` is set once it runs."""
+
+    def __init__(self) -> None:
+        self.started, self.released = threading.Event(), threading.Event()
+
+    def hold(self, result: object = None) -> object:
+        self.started.set()
+        self.released.wait(10)
+        return result
+
+    async def wait_started(self) -> None:
+        await anyio.to_thread.run_sync(self.started.wait, 10)
+
+    def open(self) -> None:
+        self.released.set()
+
+
 async def test_runs_in_named_threads_with_the_callers_context() -> None:
     pool = WorkerPool(2, "aiomm-test")
     VAR.set("caller")
@@ -30,56 +57,42 @@ async def test_runs_in_named_threads_with_the_callers_context() -> None:
     assert value == "caller"
 
 
-async def test_an_exception_reaches_the_caller_and_the_pool_goes_on() -> None:
-    pool = WorkerPool(1, "aiomm-test")
+async def test_an_exception_reaches_the_caller_and_the_pool_goes_on(pool: WorkerPool) -> None:
 
     def fail() -> None:
         raise ValueError("bad item")
 
-    try:
-        with pytest.raises(ValueError, match="bad item"):
-            await pool.run(fail)
-        assert await pool.run(lambda x: x + 1, 1) == 2
-        assert pool.statistics().in_use == 0
-    finally:
-        await pool.aclose()
+    with pytest.raises(ValueError, match="bad item"):
+        await pool.run(fail)
+    assert await pool.run(lambda x: x + 1, 1) == 2
+    assert pool.statistics().in_use == 0
 
 
-async def test_jobs_queue_beyond_the_threads_and_statistics_count_them() -> None:
-    pool = WorkerPool(1, "aiomm-test")
-    release = threading.Event()
-    started = threading.Event()
+async def test_jobs_queue_beyond_the_threads_and_statistics_count_them(pool: WorkerPool) -> None:
+    gate = Gate()
     order: list[str] = []
 
-    def job(name: str) -> str:
-        started.set()
-        release.wait(10)
-        order.append(name)
-        return name
+    def job(name: str) -> None:
+        order.append(str(gate.hold(name)))
 
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pool.run, job, "a")
-            await anyio.to_thread.run_sync(started.wait, 10)
-            tg.start_soon(pool.run, job, "b")
-            await anyio.sleep(0.05)
-            s = pool.statistics()
-            assert (s.capacity, s.in_use, s.waiting) == (1, 1, 1)
-            release.set()
-        assert order == ["a", "b"]  # one thread: first in, first out
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run, job, "a")
+        await gate.wait_started()
+        tg.start_soon(pool.run, job, "b")
+        await anyio.sleep(0.05)
         s = pool.statistics()
-        assert (s.in_use, s.waiting) == (0, 0)
-    finally:
-        await pool.aclose()
+        assert (s.capacity, s.in_use, s.waiting) == (1, 1, 1)
+        gate.open()
+    assert order == ["a", "b"]  # one thread: first in, first out
+    s = pool.statistics()
+    assert (s.in_use, s.waiting) == (0, 0)
 
 
-async def test_a_cancelled_caller_waits_for_its_running_job() -> None:
-    pool = WorkerPool(1, "aiomm-test")
-    started, release, done = threading.Event(), threading.Event(), threading.Event()
+async def test_a_cancelled_caller_waits_for_its_running_job(pool: WorkerPool) -> None:
+    gate, done = Gate(), threading.Event()
 
     def job() -> None:
-        started.set()
-        release.wait(10)
+        gate.hold()
         done.set()
 
     scope = anyio.CancelScope()
@@ -90,64 +103,48 @@ async def test_a_cancelled_caller_waits_for_its_running_job() -> None:
             await pool.run(job)
         returned.append(done.is_set())
 
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(caller)
-            await anyio.to_thread.run_sync(started.wait, 10)
-            scope.cancel()
-            await anyio.sleep(0.05)
-            assert returned == []  # still waiting for its job
-            release.set()
-        assert returned == [True]  # it returned only once the job had ended
-        assert pool.statistics().in_use == 0
-    finally:
-        await pool.aclose()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(caller)
+        await gate.wait_started()
+        scope.cancel()
+        await anyio.sleep(0.05)
+        assert returned == []  # still waiting for its job
+        gate.open()
+    assert returned == [True]  # it returned only once the job had ended
+    assert pool.statistics().in_use == 0
 
 
-async def test_a_cancelled_queued_job_never_runs() -> None:
-    pool = WorkerPool(1, "aiomm-test")
-    started, release = threading.Event(), threading.Event()
+async def test_a_cancelled_queued_job_never_runs(pool: WorkerPool) -> None:
+    gate = Gate()
     ran: list[str] = []
 
-    def blocker() -> None:
-        started.set()
-        release.wait(10)
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pool.run, blocker)
-            await anyio.to_thread.run_sync(started.wait, 10)
-            with anyio.move_on_after(0.05):
-                await pool.run(ran.append, "queued")
-            assert pool.statistics().waiting == 0  # dropped from the queue
-            release.set()
-        assert await pool.run(lambda: "after") == "after"
-        assert ran == []
-    finally:
-        await pool.aclose()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run, gate.hold)
+        await gate.wait_started()
+        with anyio.move_on_after(0.05):
+            await pool.run(ran.append, "queued")
+        assert pool.statistics().waiting == 0  # dropped from the queue
+        gate.open()
+    assert await pool.run(lambda: "after") == "after"
+    assert ran == []
 
 
 async def test_close_lets_submitted_jobs_finish_then_refuses_new_ones() -> None:
     pool = WorkerPool(1, "aiomm-close")
-    started, release = threading.Event(), threading.Event()
-    results: list[str] = []
-
-    def job(name: str) -> str:
-        started.set()
-        release.wait(10)
-        return name
+    gate = Gate()
+    results: list[object] = []
 
     async def caller(name: str) -> None:  # a task of its own, as a user's request
-        results.append(await pool.run(job, name))
+        results.append(await pool.run(gate.hold, name))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(caller, "running")
-        await anyio.to_thread.run_sync(started.wait, 10)
+        await gate.wait_started()
         tg.start_soon(caller, "queued")
         await anyio.sleep(0.05)
         tg.start_soon(pool.aclose)
         await anyio.sleep(0.05)
-        release.set()
+        gate.open()
     assert sorted(results) == ["queued", "running"]  # neither was lost to the close
     assert not [t for t in threading.enumerate() if t.name.startswith("aiomm-close")]
     with pytest.raises(EngineClosedError):
@@ -155,34 +152,30 @@ async def test_close_lets_submitted_jobs_finish_then_refuses_new_ones() -> None:
 
 
 async def test_a_job_failing_after_its_caller_left_logs_nothing(
+    pool: WorkerPool,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     import gc
 
-    pool = WorkerPool(1, "aiomm-test")
-    started, release = threading.Event(), threading.Event()
+    gate = Gate()
 
     def job() -> None:
-        started.set()
-        release.wait(10)
+        gate.hold()
         raise ValueError("corrupt image")
 
     async def caller(scope: anyio.CancelScope) -> None:
         with scope:
             await pool.run(job)
 
-    try:
-        scope = anyio.CancelScope()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(caller, scope)
-            await anyio.to_thread.run_sync(started.wait, 10)
-            scope.cancel()
-            await anyio.sleep(0.02)
-            release.set()
-        gc.collect()
-        await anyio.lowlevel.checkpoint()
-    finally:
-        await pool.aclose()
+    scope = anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(caller, scope)
+        await gate.wait_started()
+        scope.cancel()
+        await anyio.sleep(0.02)
+        gate.open()
+    gc.collect()
+    await anyio.lowlevel.checkpoint()
     assert "never retrieved" not in caplog.text
 
 
