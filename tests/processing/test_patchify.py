@@ -33,3 +33,23 @@ def test_copy_permuted_makes_an_owned_contiguous_tensor() -> None:
     assert x[0, 0, 0] == 0
     assert not numpy_copyable(torch.zeros(2, dtype=torch.bfloat16))
     assert not numpy_copyable(torch.zeros(2, requires_grad=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.float32])
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda x: x,  # the last axis contiguous: copied as runs
+        lambda x: x[..., ::2],  # a strided last axis: element by element
+        lambda x: x[:, 1:, :],  # a sliced middle axis, the last still contiguous
+    ],
+)
+@pytest.mark.parametrize("order", [(1, 2, 0, 3), (2, 0, 1, 3), (3, 0, 2, 1)])
+def test_copy_permuted_equals_torch_for_every_layout(
+    dtype: torch.dtype, view: object, order: tuple[int, ...]
+) -> None:
+    x = view(torch.arange(2 * 3 * 4 * 6).reshape(2, 3, 4, 6).to(dtype))  # type: ignore[operator]
+    expected = x.permute(order).reshape(-1, x.shape[order[-1]])
+    out = copy_permuted(x, order, expected.shape)
+    assert out.is_contiguous() and out.dtype == dtype
+    assert torch.equal(out, expected)
