@@ -15,6 +15,7 @@ a content is anything with token ids ``full`` and a mask ``is_embed`` (:class:`P
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -101,7 +102,7 @@ class TokenSearcher:
             return self._last
         if not self._pattern:
             return None
-        if self._i < start:  # a partial match that began before ``start`` is of no use
+        if self._i <= start:  # a (partial) match that began before ``start`` is of no use
             self._i, self._k = start, 0
         self._last, ops = self._scan(start)
         TokenSearcher.comparisons += ops
@@ -145,8 +146,30 @@ class TokenSearcher:
         """The longest proper border of ``pattern[:k]``, and the cost of building the table."""
         cost = 0
         if self._border is None:
-            self._border, cost = _borders(self._pattern)
+            self._border, cost = _border_table(self._pattern)
         return self._border[k - 1], cost
+
+
+#: failure functions of recent patterns: requests for images of one size search the same
+#: content, whose table takes a Python loop over every token (55 µs for a 512-px Qwen image)
+_BORDER_TABLES: dict[tuple[int, ...], list[int]] = {}
+_BORDER_TABLES_KEPT = 64
+_BORDER_TABLES_LOCK = threading.Lock()
+
+
+def _border_table(pattern: Sequence[int]) -> tuple[list[int], int]:
+    """:func:`_borders` of ``pattern``, kept for the next searcher of the same pattern (the
+    cost is 0 when it was kept)."""
+    key = tuple(pattern)
+    border = _BORDER_TABLES.get(key)
+    if border is not None:
+        return border, 0
+    border, ops = _borders(pattern)
+    with _BORDER_TABLES_LOCK:
+        if len(_BORDER_TABLES) >= _BORDER_TABLES_KEPT:
+            del _BORDER_TABLES[next(iter(_BORDER_TABLES))]  # the oldest
+        _BORDER_TABLES[key] = border
+    return border, ops
 
 
 def _borders(pattern: Sequence[int]) -> tuple[list[int], int]:

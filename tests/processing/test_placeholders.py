@@ -164,6 +164,32 @@ def test_searcher_long_runs_use_slices() -> None:
     assert ops <= 2 * 3000
 
 
+def test_searcher_builds_a_failure_table_only_after_a_mismatch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(placeholders, "_BORDER_TABLES", {})
+    pattern = [VS, *[IMG] * 50, VE]
+    # back-to-back exact occurrences: each query starts where the last match ended
+    assert searcher_matches([1, *pattern, *pattern, 2], pattern) == [1, 53]
+    assert placeholders._BORDER_TABLES == {}
+
+
+def test_failure_tables_are_kept_per_pattern_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placeholders, "_BORDER_TABLES", {})
+    pattern = [VS, IMG, IMG, VS, IMG, IMG, VE]
+    prompt = [VS, IMG, IMG, VS, IMG, 7, *pattern, VS, IMG, IMG, VS, IMG, IMG, VS]
+    first, ops_first = comparisons(searcher_matches, prompt, pattern)
+    second, ops_second = comparisons(searcher_matches, prompt, pattern)
+    assert first == second == naive_matches(prompt, pattern) == [6]
+    table, build_ops = placeholders._borders(pattern)
+    assert placeholders._BORDER_TABLES == {tuple(pattern): table}
+    assert ops_second == ops_first - build_ops  # the second searcher reused the table
+    for n in range(2 * placeholders._BORDER_TABLES_KEPT):
+        searcher_matches([VS, IMG, 5], [VS, IMG, IMG, *[n] * 3])
+    assert len(placeholders._BORDER_TABLES) == placeholders._BORDER_TABLES_KEPT
+    assert tuple(pattern) not in placeholders._BORDER_TABLES  # the oldest went first
+
+
 # ------------------------------------------------------------------------- PlaceholderRange
 
 
