@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterable, Iterable, Mapping
@@ -399,8 +400,9 @@ class Engine:
         self._images += len(request.images)
         self._videos += len(request.videos)
         self._recorder.record_all(timings)
-        log.debug("request_done", request_id=rid, timings_ms=_ms(timings),
-                  cache=[c.value for c in result.cache])  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):  # the event's fields cost more than the check
+            log.debug("request_done", request_id=rid, timings_ms=_ms(timings),
+                      cache=[c.value for c in result.cache])  # fmt: skip
         return result
 
     def stream(
