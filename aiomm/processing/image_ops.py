@@ -251,11 +251,11 @@ def numpy_copyable(tensor: torch.Tensor) -> bool:
 
 
 def copy_permuted(x: torch.Tensor, order: Sequence[int], shape: Sequence[int]) -> torch.Tensor:
-    """``x.permute(order).reshape(shape)`` as one new contiguous CPU tensor, copied by numpy:
-    patch layouts move runs of a patch's width (14 bytes), where numpy's strided copy is about
-    twice torch's."""
+    """``x.permute(order).reshape(shape)`` as a contiguous CPU tensor, copied by numpy (a view
+    of ``x`` only when the permuted view is contiguous already): patch layouts move runs of a
+    patch's width (14 bytes), where numpy's strided copy is about twice torch's."""
     a = x.numpy()
-    if order[-1] == a.ndim - 1 and a.size and a.strides[-1] == a.itemsize:
+    if a.ndim and order[-1] == a.ndim - 1 and a.size and a.strides[-1] == a.itemsize:
         # The last axis stays last: copy each run as one opaque element, so numpy's inner loop
         # strides over runs instead of restarting per run (half the time of a 14-byte run).
         run = np.dtype((np.void, a.shape[-1] * a.itemsize))

@@ -53,3 +53,7 @@ def test_copy_permuted_equals_torch_for_every_layout(
     out = copy_permuted(x, order, expected.shape)
     assert out.is_contiguous() and out.dtype == dtype
     assert torch.equal(out, expected)
+
+
+def test_copy_permuted_of_a_scalar() -> None:
+    assert torch.equal(copy_permuted(torch.tensor(5), (), ()), torch.tensor(5))
