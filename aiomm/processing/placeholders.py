@@ -15,7 +15,6 @@ a content is anything with token ids ``full`` and a mask ``is_embed`` (:class:`P
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -146,35 +145,24 @@ class TokenSearcher:
         """The longest proper border of ``pattern[:k]``, and the cost of building the table."""
         cost = 0
         if self._border is None:
-            self._border, cost = _border_table(self._pattern)
+            self._border, cost = _borders(self._pattern)
         return self._border[k - 1], cost
 
 
-#: failure functions of recent patterns: requests for images of one size search the same
-#: content, whose table takes a Python loop over every token (55 µs for a 512-px Qwen image)
-_BORDER_TABLES: dict[tuple[int, ...], list[int]] = {}
-_BORDER_TABLES_KEPT = 64
-_BORDER_TABLES_LOCK = threading.Lock()
-
-
-def _border_table(pattern: Sequence[int]) -> tuple[list[int], int]:
-    """:func:`_borders` of ``pattern``, kept for the next searcher of the same pattern (the
-    cost is 0 when it was kept)."""
-    key = tuple(pattern)
-    border = _BORDER_TABLES.get(key)
-    if border is not None:
-        return border, 0
-    border, ops = _borders(pattern)
-    with _BORDER_TABLES_LOCK:
-        if len(_BORDER_TABLES) >= _BORDER_TABLES_KEPT:
-            del _BORDER_TABLES[next(iter(_BORDER_TABLES))]  # the oldest
-        _BORDER_TABLES[key] = border
-    return border, ops
-
-
 def _borders(pattern: Sequence[int]) -> tuple[list[int], int]:
-    """KMP failure function: ``border[q]`` is the longest proper border of ``pattern[:q + 1]``."""
-    border, k, ops = [0] * len(pattern), 0, 0
+    """KMP failure function: ``border[q]`` is the longest proper border of ``pattern[:q + 1]``.
+
+    Placeholder contents mostly take one of two shapes whose table needs no Python loop over
+    their tokens (330-1300 of them for a Qwen-VL image): a start token found nowhere else in
+    the pattern (no prefix has a border) or one token repeated (each border one token shorter).
+    """
+    m = len(pattern)
+    first = pattern.count(pattern[0]) if m else 0
+    if first == 1:
+        return [0] * m, m
+    if first == m:
+        return list(range(m)), m
+    border, k, ops = [0] * m, 0, 0
     for q in range(1, len(pattern)):
         while k and pattern[q] != pattern[k]:
             k, ops = border[k - 1], ops + 1

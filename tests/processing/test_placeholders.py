@@ -167,27 +167,43 @@ def test_searcher_long_runs_use_slices() -> None:
 def test_searcher_builds_a_failure_table_only_after_a_mismatch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(placeholders, "_BORDER_TABLES", {})
+    built: list[Sequence[int]] = []
+    borders = placeholders._borders
+    monkeypatch.setattr(placeholders, "_borders", lambda p: (built.append(p), borders(p))[1])
     pattern = [VS, *[IMG] * 50, VE]
     # back-to-back exact occurrences: each query starts where the last match ended
     assert searcher_matches([1, *pattern, *pattern, 2], pattern) == [1, 53]
-    assert placeholders._BORDER_TABLES == {}
+    assert built == []
+    assert searcher_matches([VS, IMG, 5, *pattern], pattern) == [3]  # a partial match first
+    assert built == [pattern]
 
 
-def test_failure_tables_are_kept_per_pattern_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(placeholders, "_BORDER_TABLES", {})
-    pattern = [VS, IMG, IMG, VS, IMG, IMG, VE]
-    prompt = [VS, IMG, IMG, VS, IMG, 7, *pattern, VS, IMG, IMG, VS, IMG, IMG, VS]
-    first, ops_first = comparisons(searcher_matches, prompt, pattern)
-    second, ops_second = comparisons(searcher_matches, prompt, pattern)
-    assert first == second == naive_matches(prompt, pattern) == [6]
-    table, build_ops = placeholders._borders(pattern)
-    assert placeholders._BORDER_TABLES == {tuple(pattern): table}
-    assert ops_second == ops_first - build_ops  # the second searcher reused the table
-    for n in range(2 * placeholders._BORDER_TABLES_KEPT):
-        searcher_matches([VS, IMG, 5], [VS, IMG, IMG, *[n] * 3])
-    assert len(placeholders._BORDER_TABLES) == placeholders._BORDER_TABLES_KEPT
-    assert tuple(pattern) not in placeholders._BORDER_TABLES  # the oldest went first
+def _borders_by_definition(pattern: Sequence[int]) -> list[int]:
+    def longest(prefix: list[int]) -> int:  # the longest proper border of ``prefix``
+        return max(b for b in range(len(prefix)) if prefix[:b] == prefix[len(prefix) - b :])
+
+    return [longest(list(pattern[: q + 1])) for q in range(len(pattern))]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        [VS, *[IMG] * 40, VE],  # a unique start token: no borders, no loop
+        [IMG] * 30,  # one token repeated: no loop
+        [IMG],
+        [VS, IMG, IMG, VS, IMG, IMG, VE],  # the general loop
+        [IMG, IMG, VE, IMG, IMG, IMG],
+    ],
+)
+def test_borders_equal_the_definition(pattern: list[int]) -> None:
+    table, ops = placeholders._borders(pattern)
+    assert table == _borders_by_definition(pattern)
+    assert 0 < ops <= 2 * len(pattern)
+
+
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=24))
+def test_borders_equal_the_definition_on_random_patterns(pattern: list[int]) -> None:
+    assert placeholders._borders(pattern)[0] == _borders_by_definition(pattern)
 
 
 # ------------------------------------------------------------------------- PlaceholderRange
