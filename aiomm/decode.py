@@ -32,11 +32,13 @@ from aiomm.processing.image_ops import to_rgb_array
 
 __all__ = (
     "DecodeConfig",
+    "EncodedImage",
     "ImageInfo",
     "decode_image",
     "decode_peak_bytes",
     "image_from_object",
     "keep_pillow_blocks",
+    "open_encoded",
     "open_image",
     "pillow_blocks_limit",
     "probe_image",
@@ -55,9 +57,16 @@ _DENSITY_FLOOR_PIXELS = 4 * 2**20
 # pixel, converting to RGB makes another image, and handing it to numpy copies it (tobytes).
 # Alpha adds the compositing images; WebP decodes into a buffer of its own first.
 _PEAK_BYTES_PER_PIXEL = {"1": 12, "L": 12, "P": 12, "RGB": 11, "I;16": 11, "CMYK": 15, "YCbCr": 15}
+# decoded into an array of our own (_map_rgb): the 4-byte pixels and the decoder's row buffers
+_PEAK_MAPPED_RGB = 5
 _PEAK_WITH_ALPHA = 24
 _PEAK_OTHER = 24
 _PEAK_WEBP_EXTRA = 9
+
+# the largest read a JPEG or PNG decoder is fed at once (_load)
+_READ_MAX = 1 << 20
+# formats whose RGB images decode_image loads into its own 4-byte-pixel array (_map_rgb)
+_MAPPED_FORMATS = frozenset({"JPEG", "PNG"})
 
 # warnings.catch_warnings() swaps the process-wide filter list, so two threads inside it at once
 # can restore each other's filters; the lock serialises only Image.open, a header parse.
@@ -104,11 +113,20 @@ class ImageInfo:
 
 
 def decode_peak_bytes(
-    mode: str, width: int, height: int, *, fmt: str = "", alpha: bool = False
+    mode: str,
+    width: int,
+    height: int,
+    *,
+    fmt: str = "",
+    alpha: bool = False,
+    mapped: bool = True,
 ) -> int:
-    """Peak bytes :func:`decode_image` takes for an image of that decoded mode and size."""
+    """Peak bytes :func:`decode_image` takes for an image of that decoded mode and size
+    (``mapped=False``: for a decoder that lets Pillow allocate the pixels of every image)."""
     if alpha or "A" in mode or mode.endswith("a"):
         per_pixel = _PEAK_WITH_ALPHA
+    elif mapped and mode == "RGB" and fmt in _MAPPED_FORMATS:
+        per_pixel = _PEAK_MAPPED_RGB
     elif mode.startswith("I;16"):
         per_pixel = _PEAK_BYTES_PER_PIXEL["I;16"]
     else:
@@ -124,23 +142,81 @@ def probe_image(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     formats: tuple[str, ...] = DEFAULT_FORMATS,
     max_pixels_per_byte: int | None = None,
+    mapped: bool = True,
 ) -> ImageInfo:
-    """Read the header of ``data``, without decoding pixels.
+    """Read the header of ``data``, without decoding pixels (``mapped``: see
+    :func:`decode_peak_bytes`).
 
     :raises DecodeError: empty bytes, or not an image of one of ``formats``.
     :raises ImageTooLargeError: ``width * height`` above ``max_pixels``, or more than
         ``max_pixels_per_byte`` pixels per encoded byte (above 4 Mi pixels).
     """
-    with _open(data, max_pixels, formats, max_pixels_per_byte) as image:
+    with open_encoded(
+        data, max_pixels=max_pixels, formats=formats, max_pixels_per_byte=max_pixels_per_byte,
+        mapped=mapped,
+    ) as image:  # fmt: skip
+        return image.info
+
+
+class EncodedImage:
+    """Encoded bytes whose header was read and checked (:func:`open_encoded`): what decoding
+    them will cost (:attr:`info`), then their pixels (:meth:`decode`, once). Close it (or use it
+    as a context manager) when done."""
+
+    def __init__(self, image: PIL.Image.Image, *, mapped: bool) -> None:
+        self._image = image
+        self._mapped = mapped
         alpha = image.info.get("transparency") is not None
         fmt = image.format or ""
-        return ImageInfo(
+        #: the header's size and mode, and the peak bytes :meth:`decode` takes
+        self.info = ImageInfo(
             image.width,
             image.height,
             image.mode,
             fmt,
-            decode_peak_bytes(image.mode, image.width, image.height, fmt=fmt, alpha=alpha),
+            decode_peak_bytes(
+                image.mode, image.width, image.height, fmt=fmt, alpha=alpha, mapped=mapped
+            ),
         )
+
+    def decode(self, *, reduce_to: tuple[int, int] | None = None) -> np.ndarray:
+        """The pixels, as :func:`decode_image` returns them (``reduce_to``: see there).
+
+        :raises DecodeError: corrupt or truncated image data.
+        """
+        image = self._image
+        if reduce_to is not None:
+            _draft(image, reduce_to)
+        pixels = _map_rgb(image) if self._mapped else None
+        _load(image)
+        return _rgb(image) if pixels is None else pixels[:, :, :3]
+
+    def close(self) -> None:
+        """Let go of the encoded bytes (the decoded pixels stay valid)."""
+        self._image.close()
+
+    def __enter__(self) -> EncodedImage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def open_encoded(
+    data: bytes,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    formats: tuple[str, ...] = DEFAULT_FORMATS,
+    max_pixels_per_byte: int | None = None,
+    mapped: bool = True,
+) -> EncodedImage:
+    """Open ``data`` and check its header, without decoding pixels: probe and decode in one
+    parse of the header. ``mapped=False``: RGB JPEGs and PNGs are decoded by Pillow into its own
+    memory, as other images are (and :attr:`EncodedImage.info` counts that).
+
+    :raises DecodeError, ImageTooLargeError: as :func:`probe_image`.
+    """
+    return EncodedImage(_open(data, max_pixels, formats, max_pixels_per_byte), mapped=mapped)
 
 
 def open_image(
@@ -188,10 +264,14 @@ def decode_image(
     max_pixels_per_byte: int | None = None,
     reduce_to: tuple[int, int] | None = None,
 ) -> np.ndarray:
-    """Decode encoded image bytes into a C-contiguous ``H x W x 3`` uint8 array.
+    """Decode encoded image bytes into an ``H x W x 3`` uint8 array.
 
-    The array is usually a read-only view of the pixel bytes Pillow hands out: copying them only
-    to make them writable would cost a tenth of a JPEG decode, and the pipeline only reads them.
+    An RGB JPEG or PNG is decoded into an ``H x W x 4`` array of its own (Pillow's pixel layout,
+    the fourth byte padding) and returned as the view of its first three channels: rows are
+    contiguous, pixels 4 bytes apart (:func:`aiomm.processing.image_ops.resize` resizes the four
+    channels, faster than three). Other images come back C-contiguous, usually a read-only view
+    of the bytes Pillow hands out: copying them only to make them writable would cost a tenth of
+    a JPEG decode, and the pipeline only reads them.
     ``reduce_to``: a ``(height, width)`` the caller resizes to next; a JPEG at least twice that
     size in both dimensions is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's
     ``draft``), never below it. Other formats, and smaller JPEGs, decode at full size.
@@ -201,11 +281,23 @@ def decode_image(
     :raises ImageTooLargeError: ``width * height`` above ``max_pixels``, or more than
         ``max_pixels_per_byte`` pixels per encoded byte (checked before decoding).
     """
-    with _open(data, max_pixels, formats, max_pixels_per_byte) as image:
-        if reduce_to is not None:
-            _draft(image, reduce_to)
-        _load(image)
-        return _rgb(image)
+    with open_encoded(
+        data, max_pixels=max_pixels, formats=formats, max_pixels_per_byte=max_pixels_per_byte
+    ) as image:
+        return image.decode(reduce_to=reduce_to)
+
+
+def _map_rgb(image: PIL.Image.Image) -> np.ndarray | None:
+    # Pillow keeps an RGB pixel in 4 bytes; letting the decoder write straight into an array of
+    # our own (as Pillow's own mmap load does) spares the GIL-held repacking copy of tobytes().
+    # Only plain RGB JPEGs and PNGs, whose decoders fill every pixel of the image they are given.
+    if image.mode != "RGB" or image.format not in _MAPPED_FORMATS:
+        return None
+    if image.info.get("transparency") is not None:  # composited on white by _rgb
+        return None
+    pixels = np.empty((image.height, image.width, 4), dtype=np.uint8)
+    image.im = PIL.Image.core.map_buffer(pixels, image.size, "raw", 0, ("RGB", 0, 1))
+    return pixels
 
 
 def _draft(image: PIL.Image.Image, reduce_to: tuple[int, int]) -> None:
@@ -264,6 +356,11 @@ class _Source(io.BytesIO):
     (the decoder wanted more)."""
 
     ran_dry = False
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        #: the encoded bytes' length
+        self.size = len(data)
 
     def track(self) -> None:
         """Watch the reads from here on. The header parse before it reads with BytesIO's own C
@@ -343,6 +440,11 @@ def _load(image: PIL.Image.Image) -> None:
     source = getattr(image, "fp", None)
     if isinstance(source, _Source):
         source.track()
+        if image.format in _MAPPED_FORMATS:
+            # Pillow feeds the decoder 64 KiB at a time, and each call lets go of the GIL, which
+            # the worker must then win back (behind the event loop and the other workers):
+            # several times a photo. Larger reads copy more of the (compressed) input at once.
+            image.decodermaxblock = max(image.decodermaxblock, min(source.size, _READ_MAX))
     try:
         image.load()
     except MemoryError:

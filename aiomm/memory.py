@@ -97,6 +97,36 @@ def trim_heap() -> bool:
     return bool(malloc_trim(0)) if malloc_trim is not None else False
 
 
+# glibc frees the unused top of a worker thread's arena only from ``free()`` of a block of 64 KiB
+# or more in that arena (``heap_trim``), and only down to the trim threshold in force then;
+# ``malloc_trim`` does not shrink those arenas. Buffers freed while the threshold was tuned up
+# stay mapped, so each worker thread leaves one such block behind (:func:`mark_thread_arena`),
+# freed after the thresholds are set back (_ARENA_MARK bytes; on glibc only).
+_ARENA_MARK = 64 * 1024
+_arena_marks: list[int] = []
+
+
+def mark_thread_arena() -> None:
+    """Called in a worker thread: let the last engine's close give back the memory this
+    thread's malloc arena keeps (see :func:`release_after_last_engine`)."""
+    malloc = _libc_function("malloc")
+    if malloc is None or not _applied:
+        return
+    block = malloc(_ARENA_MARK)
+    if block:
+        with _lock:
+            _arena_marks.append(block)
+
+
+def _free_arena_marks() -> None:
+    free = _libc_function("free")
+    with _lock:
+        marks = list(_arena_marks)
+        _arena_marks.clear()
+    for block in marks:
+        free(block)  # type: ignore[misc]
+
+
 def engine_opened() -> None:
     """Count one more open engine."""
     global _engines
@@ -127,6 +157,7 @@ def release_after_last_engine() -> bool:
             undo()
         except Exception as exc:  # an undo that fails must not keep the others from running
             log.warning("memory.undo_failed", setting=key, error=repr(exc))
+    _free_arena_marks()  # after the thresholds are back: each free trims its thread's arena
     trimmed = trim_heap()
     log.debug("memory.released", undone=[k for k, _ in undos], trimmed=trimmed)
     return True
@@ -141,7 +172,13 @@ def _libc_function(name: str) -> Callable[..., int] | None:
     except (OSError, AttributeError):  # not glibc (musl has neither mallopt nor malloc_trim)
         return None
     function.restype = ctypes.c_int
-    if name == "mallopt":
+    if name == "malloc":
+        function.restype = ctypes.c_void_p
+        function.argtypes = (ctypes.c_size_t,)
+    elif name == "free":
+        function.restype = None
+        function.argtypes = (ctypes.c_void_p,)
+    elif name == "mallopt":
         function.argtypes = (ctypes.c_int, ctypes.c_int)
     elif name == "malloc_trim":
         function.argtypes = (ctypes.c_size_t,)

@@ -21,6 +21,7 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
+from aiomm import memory
 from aiomm.errors import EngineClosedError
 
 __all__ = ("WorkerPool", "WorkerPoolStatistics")
@@ -50,7 +51,9 @@ class WorkerPool:
         if threads < 1:
             raise ValueError(f"threads={threads} must be positive")
         self.capacity = threads
-        self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            threads, thread_name_prefix=name, initializer=memory.mark_thread_arena
+        )
         self._closed = False
         # jobs submitted and dropped before they started (the loop's counts), started and
         # running (the workers', under the lock)

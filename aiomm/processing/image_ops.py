@@ -34,6 +34,7 @@ __all__ = (
     "copy_permuted",
     "hf_backend_normalize",
     "numpy_copyable",
+    "padded_pixels",
     "patchify",
     "resize",
     "resize_chw",
@@ -157,10 +158,31 @@ def resize(
             pil = PIL.Image.fromarray(image).resize((width, height), resample=int(resample))
             image = np.array(pil)
         return _chw_view(image)
-    chw = _chw_view(image)
     if (h, w) == (height, width):
-        return chw
-    return resize_chw(chw, height, width, resample)
+        return _chw_view(image)
+    padded = padded_pixels(image)
+    if padded is not None:
+        # torch resizes 4-byte pixels without first unpacking them (a quarter less CPU than 3
+        # channels); every channel is resized on its own, so the first three are the same
+        return resize_chw(_chw_view(padded), height, width, resample)[:3]
+    return resize_chw(_chw_view(image), height, width, resample)
+
+
+def padded_pixels(image: np.ndarray) -> np.ndarray | None:
+    """The C-contiguous ``H x W x 4`` uint8 array whose first three channels ``image`` is a
+    view of (as :func:`aiomm.decode.decode_image` returns RGB JPEGs and PNGs), else None."""
+    base = image.base
+    if (
+        isinstance(base, np.ndarray)
+        and base.dtype == np.uint8
+        and base.shape == (*image.shape[:2], 4)
+        and image.shape[2:] == (3,)
+        and base.flags.c_contiguous
+        and image.strides == base.strides
+        and image.__array_interface__["data"][0] == base.__array_interface__["data"][0]
+    ):
+        return base
+    return None
 
 
 def resize_chw(chw: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:

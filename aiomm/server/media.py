@@ -110,6 +110,9 @@ class VllmDecoder(PillowDecoder):
     """A thread-safe decoder with vLLM's loading rule (see the module docstring); probing and
     every limit are the engine's own (:class:`~aiomm.stages.PillowDecoder`)."""
 
+    #: Pillow allocates the pixels it decodes (and EXIF rotation copies them)
+    maps_rgb = False
+
     #: video headers kept (by content digest): the server's hash and the engine's transform
     #: probe each video, and vLLM's header rule decodes the stream's last group of pictures
     probe_cache_size = 256

@@ -23,7 +23,7 @@ import torch
 
 from aiomm.admission import ByteBudget
 from aiomm.config import DecodeConfig, Fidelity
-from aiomm.decode import ImageInfo, decode_image, probe_image
+from aiomm.decode import EncodedImage, ImageInfo, decode_image, open_encoded, probe_image
 from aiomm.processing.fields import MultiModalKwargsItem
 from aiomm.processing.image_ops import ReducedImage
 from aiomm.processing.processor import BaseMultiModalProcessor
@@ -76,9 +76,13 @@ class PillowDecoder:
             "max_pixels_per_byte": config.max_pixels_per_byte,
         }
 
+    #: whether :meth:`decode` decodes RGB JPEGs and PNGs into arrays of its own (their peak
+    #: memory: :func:`aiomm.decode.decode_peak_bytes`)
+    maps_rgb = True
+
     def probe(self, data: bytes) -> ImageInfo:
         """:raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.probe_image`."""
-        return probe_image(data, **self.limits)
+        return probe_image(data, mapped=self.maps_rgb, **self.limits)
 
     def decode(self, data: bytes, *, reduce_to: tuple[int, int] | None = None) -> np.ndarray:
         """``reduce_to``: see :func:`aiomm.decode.decode_image` (``fidelity="fast"``).
@@ -86,6 +90,13 @@ class PillowDecoder:
         :raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.decode_image`.
         """
         return decode_image(data, reduce_to=reduce_to, **self.limits)
+
+    def open(self, data: bytes) -> EncodedImage:
+        """:meth:`probe` and :meth:`decode` of ``data`` in one parse of its header.
+
+        :raises DecodeError, ImageTooLargeError: see :func:`aiomm.decode.open_encoded`.
+        """
+        return open_encoded(data, mapped=self.maps_rgb, **self.limits)
 
 
 class VideoLimits(NamedTuple):
@@ -122,6 +133,14 @@ class TransformStage(Stage):
         self.fidelity: Fidelity = fidelity
         self.video_limits = video_limits or VideoLimits(768, 1 << 30, 1 << 26)
         self._local = threading.local()
+        # A decoder that keeps PillowDecoder's probe and decode has their header parsed once an
+        # image (a subclass that overrides either is called as it asks).
+        kind = type(decoder)
+        self._opens_once = (
+            isinstance(decoder, PillowDecoder)
+            and kind.probe is PillowDecoder.probe
+            and kind.decode is PillowDecoder.decode
+        )
 
     async def compute(
         self, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
@@ -177,12 +196,31 @@ class TransformStage(Stage):
         self, data: bytes, kwargs: dict[str, Any], taken: list[int]
     ) -> MultiModalKwargsItem | ImageInfo:
         """Worker thread: the item, or the header's info when its bytes do not fit now."""
-        info = self.decoder.probe(data)
+        if not self._opens_once:
+            info = self.decoder.probe(data)
+            if not self._admit(info, taken):
+                return info
+            return self._transform(self._loader(data, info, kwargs), kwargs)
+        assert isinstance(self.decoder, PillowDecoder)
+        with self.decoder.open(data) as image:
+            info = image.info
+            if not self._admit(info, taken):
+                return info
+            target = self._reduce_target(info, kwargs)
+
+            def load() -> Any:
+                if target is None:
+                    return image.decode()
+                return ReducedImage(image.decode(reduce_to=target), info.height, info.width)
+
+            return self._transform(load, kwargs)
+
+    def _admit(self, info: ImageInfo, taken: list[int]) -> bool:
         nbytes = int(info.peak_bytes)
         if not self.budget.try_take(nbytes):
-            return info
+            return False
         taken[0] = nbytes  # released by the loop (the caller's finally), also on an error
-        return self._transform(self._loader(data, info, kwargs), kwargs)
+        return True
 
     def _loader(self, data: bytes, info: ImageInfo, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
         target = self._reduce_target(info, kwargs)

@@ -128,6 +128,28 @@ class CountingDecoder(PillowDecoder):
         return super().decode(data)
 
 
+async def test_an_image_header_is_parsed_once(make_processor, monkeypatch) -> None:
+    # PillowDecoder's probe and decode share one open; a subclass's own decode is still called
+    import aiomm.decode
+
+    opens = []
+    real_open = aiomm.decode._open
+    monkeypatch.setattr(aiomm.decode, "_open", lambda *a: opens.append(1) or real_open(*a))
+    data = [encode(image(k, 100 + k, 120), fmt) for k, fmt in enumerate(["JPEG", "PNG", "WEBP"])]
+    async with Engine(make_processor(), EngineConfig(device="cpu", cache_capacity_bytes=0)) as e:
+        plain = [await e.process(Request(prompt=prompt(1), images=[d])) for d in data]
+    assert len(opens) == len(data)
+    opens.clear()
+    decoder = CountingDecoder()
+    monkeypatch.setattr(time, "sleep", lambda _: None)
+    config = EngineConfig(device="cpu", cache_capacity_bytes=0)
+    async with Engine(make_processor(), config, decoder=decoder) as e:
+        counted = [await e.process(Request(prompt=prompt(1), images=[d])) for d in data]
+    assert decoder.decodes == len(data) and len(opens) == 2 * len(data)  # its probe, its decode
+    for a, b in zip(plain, counted, strict=True):
+        assert torch.equal(a.pixel_values, b.pixel_values)
+
+
 async def test_fifty_concurrent_requests_one_decode(make_processor) -> None:
     decoder = CountingDecoder()
     data = encode(image(3, 300, 400), "JPEG")

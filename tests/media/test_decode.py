@@ -26,7 +26,7 @@ from aiomm.decode import (
     probe_image_size,
 )
 from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError
-from aiomm.processing.image_ops import as_tensor_view
+from aiomm.processing.image_ops import as_tensor_view, padded_pixels
 
 MAX = DecodeConfig().resolved_max_pixels()
 
@@ -45,7 +45,8 @@ def decode(data: bytes, max_pixels: int = MAX) -> np.ndarray:
 
 def assert_rgb(out: np.ndarray, shape: tuple[int, int] | None = None) -> None:
     assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3, (out.dtype, out.shape)
-    assert out.flags.c_contiguous
+    # C-contiguous, or the first three channels of an array of 4-byte pixels (RGB JPEG / PNG)
+    assert out.flags.c_contiguous or padded_pixels(out) is not None
     # read-only views of Pillow's bytes are fine: the pipeline wraps them without a copy
     assert as_tensor_view(out).data_ptr() == out.ctypes.data
     if shape is not None:
@@ -73,6 +74,50 @@ def test_png_rgb_is_exact() -> None:
     src = noise(17, 23)
     out = decode(encode(PIL.Image.fromarray(src), "PNG"))
     assert np.array_equal(out, src)
+
+
+@pytest.mark.parametrize(
+    ("mode", "fmt", "mapped"),
+    [("RGB", "JPEG", True), ("RGB", "PNG", True), ("L", "JPEG", False), ("L", "PNG", False),
+     ("RGBA", "PNG", False), ("P", "PNG", False), ("RGB", "WEBP", False), ("RGB", "GIF", False),
+     ("RGB", "BMP", False), ("CMYK", "JPEG", False)],
+)  # fmt: skip
+def test_rgb_jpegs_and_pngs_decode_into_4_byte_pixels(mode: str, fmt: str, mapped: bool) -> None:
+    image = PIL.Image.fromarray(noise(19, 31)).convert(mode)
+    data = encode(image, fmt)
+    out = decode(data)
+    assert (padded_pixels(out) is not None) is mapped
+    assert out.flags.c_contiguous is not mapped
+    # (the RGBA image is opaque: composited on white, its pixels stay as they are)
+    assert np.array_equal(out, np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB")))
+
+
+def test_a_photo_is_fed_to_the_decoder_in_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every read the decoder takes lets go of the GIL and must win it back
+    import aiomm.decode
+
+    reads: list[int] = []
+    track = aiomm.decode._Source.track
+
+    def counting_track(self: Any) -> None:
+        track(self)
+        read = self.read
+        self.read = lambda size=-1: reads.append(size) or read(size)
+
+    monkeypatch.setattr(aiomm.decode._Source, "track", counting_track)
+    data = encode(PIL.Image.fromarray(noise(400, 600)), "JPEG", quality=95)
+    assert len(data) > 4 * 65536
+    assert np.array_equal(decode(data), np.asarray(PIL.Image.open(io.BytesIO(data))))
+    assert reads and reads[0] >= len(data) - 1000 and len(reads) <= 2, reads
+
+
+def test_png_with_a_transparency_key_is_not_mapped() -> None:
+    image = PIL.Image.fromarray(noise(8, 9))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", transparency=tuple(int(v) for v in noise(8, 9)[0, 0]))
+    out = decode(buf.getvalue())
+    assert padded_pixels(out) is None
+    assert tuple(out[0, 0]) == (255, 255, 255)  # the keyed colour composited on white
 
 
 def test_jpeg_matches_pillow_and_source() -> None:

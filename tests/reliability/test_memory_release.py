@@ -72,3 +72,31 @@ def test_release_runs_undos_once_for_the_last_engine() -> None:
     assert memory.release_after_last_engine() is False and ran == []
     assert memory.release_after_last_engine() is True
     assert ran == ["b", "a1"]  # in reverse order of registration
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
+def test_worker_threads_leave_a_block_that_the_last_close_frees(monkeypatch) -> None:
+    import threading
+
+    freed: list[int] = []
+    real = memory._libc_function
+
+    def spying(name: str):  # type: ignore[no-untyped-def]
+        function = real(name)
+        if name != "free" or function is None:
+            return function
+        return lambda block: freed.append(block) or function(block)
+
+    monkeypatch.setattr(memory, "_libc_function", spying)
+    monkeypatch.setattr(memory, "_applied", True)  # as while an engine has malloc tuned
+    memory.engine_opened()
+    threads = [threading.Thread(target=memory.mark_thread_arena) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    marks = list(memory._arena_marks)
+    assert len(marks) == 3 and all(marks)
+    monkeypatch.setattr(memory, "_applied", None)
+    assert memory.release_after_last_engine() is True
+    assert sorted(freed) == sorted(marks) and memory._arena_marks == []
