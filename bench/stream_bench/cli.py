@@ -109,7 +109,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="images per size class (default: about 64 MP of pixels, 24 to 400: 256 at 512)",
     )
-    z.add_argument("--size-repeats", type=int, default=2, help="interleaved runs, best kept")
+    z.add_argument(
+        "--size-repeats",
+        type=int,
+        default=3,
+        help="interleaved rounds (the best run of each system is kept, and each round's"
+        " aiomm uint8 / floor run ratio)",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p
 

@@ -61,6 +61,8 @@ def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
         assert set(c["fast_jpeg"]) == {"exact", "fast"}  # the class's JPEGs alone, both modes
         for run in [*c["systems"].values(), *c["fast"].values(), *c["fast_jpeg"].values()]:
             assert run["images_per_s"] > 0 and run["cpu_ms_per_image"] > 0
+        paired = c["uint8_per_floor_run"]  # each round's two runs, back to back
+        assert len(paired["rounds"]) == 1 and paired["median"] == paired["rounds"][0] > 0
     fixed = record["fixed_cost"]  # the engine's own cost of a request, on 56-px JPEGs
     assert (fixed["edge"], fixed["requests"]) == (56, 3)
     assert fixed["images_per_s"] > 0 and fixed["cpu_ms_per_image"] > 0
@@ -81,6 +83,7 @@ def test_tiny_sizes_run_reports_every_system_and_the_fast_mode(
         "PSNR",
         "JPEG only",
         "fixed cost per request",
+        "aiomm uint8 / floor run, round by round",
     )
     for label in labels:
         assert label in printed
