@@ -184,12 +184,23 @@ class EncodedImage:
 
         :raises DecodeError: corrupt or truncated image data.
         """
-        image = self._image
         if reduce_to is not None:
-            _draft(image, reduce_to)
+            _draft(self._image, reduce_to)
+        image, pixels = self.load()
+        return _rgb(image) if pixels is None else pixels
+
+    def load(self) -> tuple[PIL.Image.Image, np.ndarray | None]:
+        """Decode the pixels into the Pillow image, for a caller with its own conversion rule;
+        with them, for an RGB JPEG or PNG opened ``mapped``, the ``H x W x 3`` view of the array
+        they were decoded into (as :func:`decode_image` returns it), else None. The image stays
+        valid while this object is open; the array, as long as it is referenced.
+
+        :raises DecodeError: corrupt or truncated image data.
+        """
+        image = self._image
         pixels = _map_rgb(image) if self._mapped else None
         _load(image)
-        return _rgb(image) if pixels is None else pixels[:, :, :3]
+        return image, None if pixels is None else pixels[:, :, :3]
 
     def close(self) -> None:
         """Let go of the encoded bytes (the decoded pixels stay valid)."""

@@ -478,6 +478,21 @@ def _count_occurrences(
 # ------------------------------------------------------------------------------------- find
 
 
+def _may_hold_every_content(prompt: list[int], resolved: ResolvedUpdates) -> bool:
+    """False when ``prompt`` cannot hold every item's content: the scan for an already updated
+    prompt finds an item only by a non-empty content, and its ranges do not overlap, so the prompt
+    needs at least the sum of each item's shortest non-empty content. (The usual prompt, with one
+    placeholder token an item, is far shorter than its expanded contents.)"""
+    needed = 0
+    for items in resolved.values():
+        for alternatives in items:
+            lengths = [len(u.content.full) for u in alternatives if u.content.full]
+            if not lengths:
+                return False  # this item can never be found
+            needed += min(lengths)
+    return len(prompt) >= needed
+
+
 def _contents(resolved: ResolvedUpdates) -> dict[str, list[tuple[PromptUpdateDetails, ...]]]:
     return {m: [tuple(u.content for u in alts) for alts in items] for m, items in resolved.items()}
 
@@ -544,11 +559,12 @@ def _apply_and_find(
 ) -> tuple[PromptUpdateResult, _Pass | None]:
     """The result, and the application behind it (``None``: the prompt was already updated)."""
     counts = {m: len(items) for m, items in resolved.items() if items}
-    found = find_placeholders(prompt, _contents(resolved))
-    if all(len(found.get(m, ())) == n for m, n in counts.items()):
-        # vLLM's scan of an already updated prompt: the n-th range found is item n's.
-        items = {m: tuple(found[m]) for m in counts}
-        return PromptUpdateResult(prompt, items, {}, already_updated=True), None
+    if _may_hold_every_content(prompt, resolved):
+        found = find_placeholders(prompt, _contents(resolved))
+        if all(len(found.get(m, ())) == n for m, n in counts.items()):
+            # vLLM's scan of an already updated prompt: the n-th range found is item n's.
+            items = {m: tuple(found[m]) for m in counts}
+            return PromptUpdateResult(prompt, items, {}, already_updated=True), None
     applied = _apply_resolved(prompt, resolved)
     items = {m: tuple(map(applied.ranges[m].get, range(n))) for m, n in counts.items()}
     result = PromptUpdateResult(applied.tokens, items, applied.unmatched, already_updated=False)

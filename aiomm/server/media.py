@@ -26,7 +26,7 @@ import PIL.ImageOps
 from blake3 import blake3
 
 from aiomm.config import DecodeConfig
-from aiomm.decode import DEFAULT_FORMATS, open_image
+from aiomm.decode import DEFAULT_FORMATS, open_encoded
 from aiomm.errors import ConfigError, DecodeError, ImageTooLargeError
 from aiomm.stages import PillowDecoder
 from aiomm.video import VideoInfo
@@ -79,7 +79,9 @@ def load_image(
     formats: tuple[str, ...] = DEFAULT_FORMATS,
     max_pixels_per_byte: int | None = None,
 ) -> tuple[np.ndarray, bool]:
-    """Decode ``data`` as vLLM does: ``(H x W x 3 uint8 array, mode converted)``.
+    """Decode ``data`` as vLLM does: ``(H x W x 3 uint8 array, mode converted)``. An upright
+    RGB JPEG or PNG comes back as :func:`aiomm.decode.decode_image` returns it (the first three
+    channels of the 4-byte pixels it was decoded into).
 
     The header goes through the same checks as the engine's own decode (format allow-list,
     pixel limit, pixels per encoded byte) before any pixel is decoded.
@@ -87,30 +89,35 @@ def load_image(
     :raises DecodeError: empty, corrupt, truncated or unsupported image data.
     :raises ImageTooLargeError: ``width * height`` above ``max_pixels`` (checked from the header).
     """
-    image = open_image(
+    with open_encoded(
         data, max_pixels=max_pixels, formats=formats, max_pixels_per_byte=max_pixels_per_byte
-    )
-    try:
-        if _orientation(image) in _TRANSPOSED:
-            with contextlib.suppress(Exception):  # vLLM ignores malformed EXIF the same way
-                image = PIL.ImageOps.exif_transpose(image)
-        # (exif_transpose copies an upright image unchanged; skipping that changes no pixel)
-        converted = converts_mode(image)
-        rgb = _to_rgb(image)
-    except (ImageTooLargeError, MemoryError):
-        raise
-    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError on bad data
-        raise DecodeError(
-            f"cannot decode the image ({len(data)} bytes): {type(exc).__name__}: {exc}"[:200]
-        ) from exc
-    return np.asarray(rgb), converted
+    ) as encoded:
+        # an upright RGB JPEG or PNG comes back as the array it was decoded into (no copy)
+        image, pixels = encoded.load()
+        try:
+            if _orientation(image) in _TRANSPOSED:
+                with contextlib.suppress(Exception):  # vLLM ignores malformed EXIF the same way
+                    image, pixels = PIL.ImageOps.exif_transpose(image), None
+            # (exif_transpose copies an upright image unchanged; skipping that changes no pixel)
+            converted = converts_mode(image)
+            if pixels is not None and not converted:
+                return pixels, False
+            rgb = _to_rgb(image)
+        except (ImageTooLargeError, MemoryError):
+            raise
+        except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError on bad data
+            raise DecodeError(
+                f"cannot decode the image ({len(data)} bytes): {type(exc).__name__}: {exc}"[:200]
+            ) from exc
+        return np.asarray(rgb), converted
 
 
 class VllmDecoder(PillowDecoder):
     """A thread-safe decoder with vLLM's loading rule (see the module docstring); probing and
     every limit are the engine's own (:class:`~aiomm.stages.PillowDecoder`)."""
 
-    #: Pillow allocates the pixels it decodes (and EXIF rotation copies them)
+    #: the probe keeps the estimate of Pillow-allocated pixels: an EXIF-rotated image is
+    #: copied twice more after its decode (upright RGB JPEGs and PNGs take less)
     maps_rgb = False
 
     #: video headers kept (by content digest): the server's hash and the engine's transform

@@ -63,14 +63,17 @@ class AdmissionStage(Stage):
         :raises OverloadedError: the slots it needs are taken and ``max_waiting`` requests wait
             for them already.
         """
-        assert self.limiter is not None
-        self._shed_if_full(self._network.limiter if network else self.limiter)
+        limiter = self.limiter
+        assert limiter is not None
+        self._shed_if_full(self._network.limiter if network else limiter)
         self._started += 1
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                if network:
-                    await stack.enter_async_context(self._network.limiter)
-                async with self.limiter:
+            if network:
+                async with self._network.limiter, limiter:
+                    with self.counted():
+                        yield
+            else:
+                async with limiter:
                     with self.counted():
                         yield
         except anyio.get_cancelled_exc_class():
@@ -78,6 +81,8 @@ class AdmissionStage(Stage):
             raise
 
     def _shed_if_full(self, limiter: anyio.CapacityLimiter) -> None:
+        if limiter.available_tokens > 0:  # a slot is free: it cannot be full (the cheap check)
+            return
         s = limiter.statistics()
         if s.borrowed_tokens >= s.total_tokens and s.tasks_waiting >= self.max_waiting:
             self._shed += 1

@@ -794,6 +794,21 @@ def test_partial_leaves_an_updated_prompt_as_it_is() -> None:
     assert result.items == {"image": (PlaceholderRange(2, 3),)}
 
 
+def test_a_prompt_too_short_for_the_contents_is_not_scanned(monkeypatch) -> None:
+    # one placeholder token per item: 5 tokens cannot already hold the contents (4 + 3 tokens)
+    import aiomm.processing.prompt_updates as pu
+
+    scans: list[int] = []
+    real = pu.find_placeholders
+    monkeypatch.setattr(pu, "find_placeholders", lambda *a: scans.append(1) or real(*a))
+    prompt, updates = [1, PAD, 2, PAD, 3], qwen_updates([4, 3])
+    new, placeholders = apply_and_find(prompt, updates, {"image": 2})
+    assert new == [1, *[PAD] * 4, 2, *[PAD] * 3, 3] and scans == []
+    assert placeholders == {"image": [PlaceholderRange(1, 4), PlaceholderRange(6, 3)]}
+    # long enough: scanned, and left as it is
+    assert apply_and_find(new, updates, {"image": 2}) == (new, placeholders) and scans == [1]
+
+
 def test_partial_still_rejects_bad_arguments() -> None:
     with pytest.raises(UnknownModalityError):
         apply_and_find_partial([1, PAD], qwen_updates([1]), {"audio": 1})

@@ -11,6 +11,7 @@ import pytest
 
 from aiomm.decode import decode_image
 from aiomm.errors import DecodeError, ImageTooLargeError
+from aiomm.processing.image_ops import padded_pixels
 from aiomm.server.kwargs_codec import Field, decode_item, encode_item
 from aiomm.server.media import VllmDecoder, load_image
 from aiomm.server.mm_hash import image_mm_hash
@@ -38,6 +39,23 @@ def test_exif_orientation_is_applied() -> None:
     expected = np.asarray(PIL.ImageOps.exif_transpose(PIL.Image.open(io.BytesIO(data))))
     assert np.array_equal(out, expected)
     assert decode_image(data, max_pixels=MAX).shape == (20, 40, 3)  # the HF rule ignores EXIF
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_upright_rgb_comes_back_as_the_array_it_was_decoded_into(fmt: str) -> None:
+    data = _encode(PIL.Image.fromarray(_rgb(30, 20)), fmt)
+    out, converted = load_image(data, max_pixels=MAX)
+    assert not converted and padded_pixels(out) is not None  # no copy after the decode
+    assert np.array_equal(out, np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB")))
+    assert np.array_equal(out, decode_image(data, max_pixels=MAX))  # both rules agree here
+    # a rotated JPEG is transposed into a copy of its own
+    image = PIL.Image.fromarray(_rgb(30, 20))
+    exif = image.getexif()
+    exif[0x0112] = 8
+    rotated = _encode(image, fmt, exif=exif.tobytes())
+    out, converted = load_image(rotated, max_pixels=MAX)
+    expected = np.asarray(PIL.ImageOps.exif_transpose(PIL.Image.open(io.BytesIO(rotated))))
+    assert out.shape == (30, 20, 3) and np.array_equal(out, expected)
 
 
 def test_rgba_composited_on_white() -> None:
