@@ -39,7 +39,6 @@ __all__ = (
     "image_from_object",
     "keep_pillow_blocks",
     "open_encoded",
-    "open_image",
     "pillow_blocks_limit",
     "probe_image",
     "probe_image_size",
@@ -228,31 +227,6 @@ def open_encoded(
     :raises DecodeError, ImageTooLargeError: as :func:`probe_image`.
     """
     return EncodedImage(_open(data, max_pixels, formats, max_pixels_per_byte), mapped=mapped)
-
-
-def open_image(
-    data: bytes,
-    *,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    formats: tuple[str, ...] = DEFAULT_FORMATS,
-    max_pixels_per_byte: int | None = None,
-) -> PIL.Image.Image:
-    """Open ``data`` and load its pixels, with every check of :func:`decode_image` (format
-    allow-list, pixel limits before any pixel is decoded, truncation refused whatever
-    ``LOAD_TRUNCATED_IMAGES`` says); for decoders with their own conversion rule. The caller
-    closes the image.
-
-    :raises DecodeError: empty, corrupt, truncated or unsupported image data.
-    :raises ImageTooLargeError: ``width * height`` above ``max_pixels``, or too many pixels per
-        encoded byte.
-    """
-    image = _open(data, max_pixels, formats, max_pixels_per_byte)
-    try:
-        _load(image)
-    except BaseException:
-        image.close()
-        raise
-    return image
 
 
 def probe_image_size(

@@ -13,6 +13,7 @@ the loop and takes a second trip.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -184,7 +185,7 @@ class TransformStage(Stage):
                 taken[0] = nbytes
                 t = time.perf_counter()
                 first = await self.workers.run(
-                    self._transform, self._loader(data, first, kwargs), kwargs
+                    self._transform, self._loader(self._decode_of(data), first, kwargs), kwargs
                 )
             timings["decode_transform"] = time.perf_counter() - t
             return first
@@ -196,24 +197,16 @@ class TransformStage(Stage):
         self, data: bytes, kwargs: dict[str, Any], taken: list[int]
     ) -> MultiModalKwargsItem | ImageInfo:
         """Worker thread: the item, or the header's info when its bytes do not fit now."""
-        if not self._opens_once:
-            info = self.decoder.probe(data)
-            if not self._admit(info, taken):
-                return info
-            return self._transform(self._loader(data, info, kwargs), kwargs)
-        assert isinstance(self.decoder, PillowDecoder)
-        with self.decoder.open(data) as image:
-            info = image.info
-            if not self._admit(info, taken):
-                return info
-            target = self._reduce_target(info, kwargs)
-
-            def load() -> Any:
-                if target is None:
-                    return image.decode()
-                return ReducedImage(image.decode(reduce_to=target), info.height, info.width)
-
-            return self._transform(load, kwargs)
+        if self._opens_once:
+            assert isinstance(self.decoder, PillowDecoder)
+            with self.decoder.open(data) as image:
+                if not self._admit(image.info, taken):
+                    return image.info
+                return self._transform(self._loader(image.decode, image.info, kwargs), kwargs)
+        info = self.decoder.probe(data)
+        if not self._admit(info, taken):
+            return info
+        return self._transform(self._loader(self._decode_of(data), info, kwargs), kwargs)
 
     def _admit(self, info: ImageInfo, taken: list[int]) -> bool:
         nbytes = int(info.peak_bytes)
@@ -222,13 +215,17 @@ class TransformStage(Stage):
         taken[0] = nbytes  # released by the loop (the caller's finally), also on an error
         return True
 
-    def _loader(self, data: bytes, info: ImageInfo, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+    def _decode_of(self, data: bytes) -> Callable[..., np.ndarray]:
+        return functools.partial(self.decoder.decode, data)
+
+    def _loader(
+        self, decode: Callable[..., np.ndarray], info: ImageInfo, kwargs: Mapping[str, Any]
+    ) -> Callable[[], Any]:
         target = self._reduce_target(info, kwargs)
         if target is None:
-            return lambda: self.decoder.decode(data)
-        decoder = self.decoder
-        assert isinstance(decoder, PillowDecoder)
-        return lambda: ReducedImage(decoder.decode(data, reduce_to=target), info.height, info.width)
+            return decode
+        # (the fast mode's decoder is a PillowDecoder: the engine checked)
+        return lambda: ReducedImage(decode(reduce_to=target), info.height, info.width)
 
     def _reduce_target(self, info: ImageInfo, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
         # The fast mode's reduced decode applies to JPEGs whose target is at most half the source.
