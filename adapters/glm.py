@@ -508,7 +508,8 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
                 f"a {canvas_h}x{canvas_w} image does not split into {unit}x{unit} merge windows; "
                 "keep do_resize on"
             )
-        chw = resize(rgb, height, width, params.resample, self.backend)
+        # the pad, the CPU normalise or patchify copies out of it before the next scratch resize
+        chw = resize(rgb, height, width, params.resample, self.backend, scratch=True)
         if (canvas_h, canvas_w) != (height, width):
             chw = F.pad(chw, (0, canvas_w - width, 0, canvas_h - height))
         if not self.device_normalize:

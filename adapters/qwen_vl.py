@@ -552,7 +552,8 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         if self.resize_device is not None and self.device_normalize:
             chw = self._resize_on_device(rgb, height, width, params)
         else:
-            chw = resize(rgb, height, width, params.resample, self.backend)
+            # patchify (or the CPU normalise) copies out of it before this thread resizes again
+            chw = resize(rgb, height, width, params.resample, self.backend, scratch=True)
         if not self.device_normalize:
             chw = self._cpu_normalize(chw, params)
         # One frame: the item (and the cache) keeps compact rows, and the merge repeats each

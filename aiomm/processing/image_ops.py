@@ -13,6 +13,7 @@ image-processor backend performs, so the results are equal bit for bit:
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,12 +146,20 @@ def as_tensor_view(array: np.ndarray) -> torch.Tensor:
 
 
 def resize(
-    image: np.ndarray, height: int, width: int, resample: Resample, backend: Backend
+    image: np.ndarray,
+    height: int,
+    width: int,
+    resample: Resample,
+    backend: Backend,
+    *,
+    scratch: bool = False,
 ) -> torch.Tensor:
     """Resize an ``H x W x 3`` uint8 image to a uint8 ``C x H x W`` tensor.
 
     The result may have channels-last strides: the resample kernels and ``patchify`` read any
-    strides, and skipping the channels-first copy keeps the values identical.
+    strides, and skipping the channels-first copy keeps the values identical. ``scratch``: see
+    :func:`resize_chw` (the torchvision backend only; the result is only valid until the next
+    scratch resize in this thread).
     """
     h, w = image.shape[:2]
     if backend is Backend.PIL:
@@ -164,8 +173,8 @@ def resize(
     if padded is not None:
         # torch resizes 4-byte pixels without first unpacking them (a quarter less CPU than 3
         # channels); every channel is resized on its own, so the first three are the same
-        return resize_chw(_chw_view(padded), height, width, resample)[:3]
-    return resize_chw(_chw_view(image), height, width, resample)
+        return resize_chw(_chw_view(padded), height, width, resample, scratch=scratch)[:3]
+    return resize_chw(_chw_view(image), height, width, resample, scratch=scratch)
 
 
 def padded_pixels(image: np.ndarray) -> np.ndarray | None:
@@ -185,15 +194,27 @@ def padded_pixels(image: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def resize_chw(chw: torch.Tensor, height: int, width: int, resample: Resample) -> torch.Tensor:
+def resize_chw(
+    chw: torch.Tensor, height: int, width: int, resample: Resample, *, scratch: bool = False
+) -> torch.Tensor:
     """A uint8 ``C x H x W`` tensor (or a ``N x C x H x W`` batch of them, e.g. a video's
     frames) resized as the torchvision backend resizes (antialiased).
+
+    ``scratch=True`` (one RGB or RGBA image, bilinear or bicubic): the result is written into
+    this thread's reusable buffers, channels-last, and stays valid only until the next scratch
+    resize in the same thread, so the caller copies out of it first (``patchify`` does). Same
+    values; it spares the kernel's own buffers and its channels-first repacking, whose fresh
+    pages the kernel zero-fills on every image once the worker arenas fragment.
 
     :raises ProcessingError: for a resample filter that backend has no mode for.
     """
     mode = _TORCH_MODES.get(resample)
     if mode is None:
         raise ProcessingError(f"the torchvision-backend native resize has no {resample.name} mode")
+    if scratch and chw.dim() == 3 and mode in _AA_OPS and chw.shape[0] in (3, 4):
+        resized = _resize_into_scratch(chw, height, width, _AA_OPS[mode])
+        if resized is not None:
+            return resized
     antialias = mode != "nearest"
     out = F.interpolate(
         chw if chw.dim() == 4 else chw.unsqueeze(0),
@@ -203,6 +224,54 @@ def resize_chw(chw: torch.Tensor, height: int, width: int, resample: Resample) -
         antialias=antialias,
     )
     return out if chw.dim() == 4 else out[0]
+
+
+#: the antialiased kernels ``F.interpolate`` dispatches to, callable with ``out=``
+_AA_OPS = {
+    "bicubic": torch._C._nn._upsample_bicubic2d_aa,
+    "bilinear": torch._C._nn._upsample_bilinear2d_aa,
+}
+#: a scratch buffer larger than this is not kept (a fresh tensor is used instead)
+_SCRATCH_MAX_BYTES = 64 << 20
+_scratch = threading.local()
+
+
+def _scratch_view(slot: str, channels: int, height: int, width: int) -> torch.Tensor | None:
+    """A ``1 x C x H x W`` channels-last view of this thread's buffer ``slot`` (grown on demand),
+    or None when it would be above the size kept."""
+    size = channels * height * width
+    if size > _SCRATCH_MAX_BYTES:
+        return None
+    buffer = getattr(_scratch, slot, None)
+    if buffer is None or buffer.numel() < size:
+        buffer = torch.empty(size, dtype=torch.uint8)
+        setattr(_scratch, slot, buffer)
+    return buffer[:size].view(1, height, width, channels).permute(0, 3, 1, 2)
+
+
+def _resize_into_scratch(
+    chw: torch.Tensor, height: int, width: int, op: Any
+) -> torch.Tensor | None:
+    """``chw`` resized with ``op`` into this thread's buffers: the horizontal and vertical passes
+    run as two calls, as the fused kernel runs them (uint8 in between, the same weights), so the
+    values are the same. None when a buffer would be too large."""
+    c, h, w = chw.shape
+    src = chw.unsqueeze(0)
+    if not src.is_contiguous(memory_format=torch.channels_last):
+        return None  # the kernel would repack it anyway
+    if w != width:
+        tmp = _scratch_view("horizontal", c, h, width)
+        if tmp is None:
+            return None
+        op(src, (h, width), False, None, None, out=tmp)
+        src = tmp
+    if h != height:
+        out = _scratch_view("vertical", c, height, width)
+        if out is None:
+            return None
+        op(src, (height, width), False, None, None, out=out)
+        src = out
+    return src[0]
 
 
 def hf_backend_normalize(

@@ -1,19 +1,25 @@
-"""``image_ops``: Pillow images to ``H x W x 3`` uint8 (equal to numpy's view), and the resize of
-4-byte pixels (equal to the resize of the same three channels)."""
+"""``image_ops``: Pillow images to ``H x W x 3`` uint8 (equal to numpy's view), the resize of
+4-byte pixels (equal to the resize of the same three channels), and the scratch resize (equal to
+``F.interpolate``, written into the thread's reused buffers)."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import PIL.Image
 import pytest
 import torch
+import torch.nn.functional as F
 
+from aiomm.processing import image_ops
 from aiomm.processing.image_ops import (
     Backend,
     Resample,
     as_tensor_view,
     padded_pixels,
     resize,
+    resize_chw,
     to_rgb_array,
 )
 
@@ -84,3 +90,79 @@ def test_resize_of_padded_pixels_at_their_own_size_is_a_view() -> None:
     out = resize(view, 28, 56, Resample.BICUBIC, Backend.TORCHVISION)
     assert out.data_ptr() == view.ctypes.data
     assert torch.equal(out, torch.from_numpy(np.ascontiguousarray(view)).permute(2, 0, 1))
+
+
+def interpolated(chw: torch.Tensor, height: int, width: int, mode: str) -> torch.Tensor:
+    """What the torchvision backend computes (the reference of the scratch resize)."""
+    return F.interpolate(
+        chw.unsqueeze(0), size=(height, width), mode=mode, align_corners=False, antialias=True
+    )[0]
+
+
+@pytest.mark.parametrize("resample", [Resample.BILINEAR, Resample.BICUBIC])
+@pytest.mark.parametrize("channels", [3, 4])
+@pytest.mark.parametrize(
+    ("shape", "target"),
+    [
+        ((37, 53), (28, 56)),  # both passes, one up and one down
+        ((512, 506), (504, 504)),
+        ((9, 300), (9, 140)),  # horizontal only
+        ((300, 9), (140, 9)),  # vertical only
+        ((1, 1), (28, 28)),
+        ((21, 34), (21, 34)),  # nothing to do
+    ],
+)
+def test_scratch_resize_equals_interpolate(
+    resample: Resample, channels: int, shape: tuple[int, int], target: tuple[int, int]
+) -> None:
+    rng = np.random.default_rng(sum(shape) + channels)
+    hwc = rng.integers(0, 256, (*shape, channels), dtype=np.uint8)
+    chw = torch.from_numpy(hwc).permute(2, 0, 1)  # channels-last, as decoded pixels are
+    mode = "bicubic" if resample is Resample.BICUBIC else "bilinear"
+    out = resize_chw(chw, *target, resample, scratch=True)
+    assert out.shape == (channels, *target) and out.dtype == torch.uint8
+    assert torch.equal(out, interpolated(chw, *target, mode))
+
+
+def test_scratch_resize_reuses_this_threads_buffer_and_not_another_threads() -> None:
+    chw = torch.from_numpy(padded(40, 60, seed=1).base).permute(2, 0, 1)
+    first = resize_chw(chw, 56, 84, Resample.BICUBIC, scratch=True)
+    kept = first.clone()
+    second = resize_chw(chw.flip(1), 56, 84, Resample.BICUBIC, scratch=True)
+    # the contract: a scratch result lives until the next scratch resize in the same thread
+    assert second.data_ptr() == first.data_ptr()
+    assert torch.equal(second, interpolated(chw.flip(1), 56, 84, "bicubic"))
+    assert not torch.equal(first, kept)
+    elsewhere: list[torch.Tensor] = []
+    thread = threading.Thread(
+        target=lambda: elsewhere.append(resize_chw(chw, 56, 84, Resample.BICUBIC, scratch=True))
+    )
+    thread.start()
+    thread.join()
+    assert elsewhere[0].data_ptr() != second.data_ptr()
+    assert torch.equal(elsewhere[0], kept)
+
+
+def test_scratch_resize_falls_back_where_it_cannot_use_its_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hwc = np.random.default_rng(5).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    chw = torch.from_numpy(hwc).permute(2, 0, 1)
+    expected = interpolated(chw, 20, 50, "bicubic")
+    planar = chw.contiguous()  # channels-first: the kernel would repack it anyway
+    assert torch.equal(resize_chw(planar, 20, 50, Resample.BICUBIC, scratch=True), expected)
+    assert torch.equal(
+        resize_chw(chw, 20, 50, Resample.NEAREST, scratch=True),
+        F.interpolate(chw.unsqueeze(0), size=(20, 50), mode="nearest")[0],
+    )
+    monkeypatch.setattr(image_ops, "_SCRATCH_MAX_BYTES", 100)  # above the kept size
+    fresh = resize_chw(chw, 20, 50, Resample.BICUBIC, scratch=True)
+    assert torch.equal(fresh, expected)
+    assert fresh.data_ptr() != resize_chw(chw, 20, 50, Resample.BICUBIC, scratch=True).data_ptr()
+
+
+def test_scratch_resize_of_padded_pixels_equals_resize_of_three_channels() -> None:
+    view = padded(333, 777, seed=9)
+    out = resize(view, 336, 784, Resample.BICUBIC, Backend.TORCHVISION, scratch=True)
+    expected = resize(np.ascontiguousarray(view), 336, 784, Resample.BICUBIC, Backend.TORCHVISION)
+    assert out.shape == (3, 336, 784) and torch.equal(out, expected)
