@@ -235,7 +235,8 @@ class Systems:
     def _decode_resize(self, data: bytes) -> None:
         array = decode_image(data, max_pixels=DEFAULT_MAX_PIXELS)
         height, width = _target_size(self.hf, array.shape[0], array.shape[1])
-        resize(array, height, width, self._resample, Backend.TORCHVISION)
+        # the fastest resize aiomm has (the one its Qwen-VL transform runs)
+        resize(array, height, width, self._resample, Backend.TORCHVISION, scratch=True)
 
     @property
     def _resample(self) -> Resample:
