@@ -255,21 +255,18 @@ def _resize_into_scratch(
     """``chw`` resized with ``op`` into this thread's buffers: the horizontal and vertical passes
     run as two calls, as the fused kernel runs them (uint8 in between, the same weights), so the
     values are the same. None when a buffer would be too large."""
-    c, h, w = chw.shape
+    c, h, _ = chw.shape
     src = chw.unsqueeze(0)
     if not src.is_contiguous(memory_format=torch.channels_last):
         return None  # the kernel would repack it anyway
-    if w != width:
-        tmp = _scratch_view("horizontal", c, h, width)
-        if tmp is None:
-            return None
-        op(src, (h, width), False, None, None, out=tmp)
-        src = tmp
-    if h != height:
-        out = _scratch_view("vertical", c, height, width)
+    # horizontal first, then vertical: the order (and uint8 rounding between) of the fused kernel
+    for slot, size in (("horizontal", (h, width)), ("vertical", (height, width))):
+        if tuple(src.shape[-2:]) == size:
+            continue
+        out = _scratch_view(slot, c, *size)
         if out is None:
             return None
-        op(src, (height, width), False, None, None, out=out)
+        op(src, size, False, None, None, out=out)
         src = out
     return src[0]
 
