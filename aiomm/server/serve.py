@@ -1,4 +1,5 @@
-"""Running the app: uvicorn with uvloop, one process or ``--workers N``.
+"""Running the app: uvicorn with uvloop and :class:`.RenderHttpProtocol` (httptools, large
+bodies written outside the GIL), one process or ``--workers N``.
 
 With several workers uvicorn imports :func:`app_from_env` in each process; the configuration
 travels in the ``AIOMM_SERVE_CONFIG`` environment variable (JSON). uvicorn drains in-flight
@@ -18,6 +19,7 @@ from starlette.applications import Starlette
 from aiomm.logging import configure_logging
 
 from .app import ServerConfig, create_app
+from .http_protocol import RenderHttpProtocol
 from .render import RenderLimits
 
 __all__ = ("app_from_env", "serve")
@@ -52,8 +54,9 @@ def serve(config: ServerConfig, *, host: str, port: int, workers: int = 1) -> No
         "host": host,
         "port": port,
         "loop": "uvloop",
-        # the C parser: h11 (pure Python) costs milliseconds per megabyte of data URLs
-        "http": "httptools",
+        # the C parser (h11, pure Python, costs milliseconds per megabyte of data URLs), with
+        # large bodies written outside the GIL
+        "http": RenderHttpProtocol,
         "access_log": False,
         "timeout_graceful_shutdown": max(5, int(config.limits.timeout_s)),
     }

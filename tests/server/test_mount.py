@@ -15,6 +15,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from aiomm.server import ServerConfig, create_app
+from aiomm.server.http_protocol import RenderHttpProtocol
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import RECORDED_MODEL, LiveServer
@@ -24,7 +25,13 @@ class _Mounted(LiveServer):
     def __init__(self, app: Starlette) -> None:
         super().__init__(ServerConfig(model="unused"))
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                http=RenderHttpProtocol,
+            )
         )
         import threading
 

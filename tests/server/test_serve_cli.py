@@ -27,23 +27,70 @@ def test_serve_refuses_a_missing_folder(tmp_path: Path, capsys: Any) -> None:
     assert "not a model folder" in capsys.readouterr().out
 
 
-def test_serve_process_drains_on_sigterm(model_folder: Path) -> None:
+def _start(model_folder: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``aiomm serve`` for the fixtures' folder, once its /health answers."""
     port = free_port()
     exe = Path(sys.executable).with_name("aiomm")
     proc = subprocess.Popen(
         [str(exe), "serve", str(model_folder), "--port", str(port), "--model-id",
-         RECORDED_MODEL, "--served-model-name", RECORDED_MODEL],
+         RECORDED_MODEL, "--served-model-name", RECORDED_MODEL, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ},
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def test_serve_workers_each_render(model_folder: Path) -> None:
+    proc, url = _start(model_folder, "--workers", "2")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        workers = [
+            c
+            for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()
+        ]
+        assert len(workers) == 2
+        case = json.loads(FIXTURE.read_text())
+        expected = case["response"]
+        for _ in range(4):  # new connections: the kernel hands them to either worker
+            r = httpx.post(url + case["path"], json=case["body"], timeout=60)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got["token_ids"] == expected["token_ids"]
+            for key in ("mm_hashes", "mm_placeholders", "kwargs_data"):
+                assert got["features"][key] == expected["features"][key], key
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+        for pid in workers:
+            assert not Path(f"/proc/{pid}").exists() or "Z" in _state(pid)
+    finally:
+        _stop(proc)
+
+
+def _state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "Z"
+
+
+def test_serve_process_drains_on_sigterm(model_folder: Path) -> None:
+    proc, url = _start(model_folder)
+    try:
         case = json.loads(FIXTURE.read_text())
         result: dict[str, Any] = {}
         raw = json.dumps(case["body"]).encode()
@@ -86,8 +133,4 @@ def test_serve_process_drains_on_sigterm(model_folder: Path) -> None:
         lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
         assert any(x.get("event") == "request" and x.get("status") == 200 for x in lines), log
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        _stop(proc)

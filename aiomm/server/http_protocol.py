@@ -1,0 +1,68 @@
+"""uvicorn's httptools protocol, writing large response bodies with the GIL released.
+
+uvloop's ``transport.write`` copies into the socket while holding the GIL. A render response
+carries megabytes of base64 per image, and py-spy (``--gil``) put about a third of the GIL's
+held time under load in those copies, on the event loop thread, while the transform threads
+waited for the GIL. ``os.write`` on the same non-blocking socket releases the GIL around the
+copy. So a large write that finds nothing queued in the transport goes to the socket directly;
+what does not fit is handed to the transport, which queues it and keeps every later write
+behind it, so the bytes stay in order. Small writes, TLS and any write behind queued data take
+the transport's own path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ("DIRECT_WRITE_BYTES", "DirectWriteTransport", "RenderHttpProtocol")
+
+#: writes from this size on go to the socket with the GIL released (the response writer sends
+#: base64 in pieces of at least 64 KiB; headers and small bodies stay on the transport)
+DIRECT_WRITE_BYTES = 1 << 16
+
+
+class DirectWriteTransport:
+    """A transport whose large writes go straight to its socket when nothing is queued;
+    everything else is the wrapped transport's."""
+
+    __slots__ = ("_fd", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        # with TLS the socket carries ciphertext: never write plain bytes to it
+        tls = transport.get_extra_info("sslcontext") is not None
+        self._fd = -1 if sock is None or tls else int(sock.fileno())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` after everything written before it."""
+        transport = self._transport
+        if (
+            self._fd >= 0
+            and len(data) >= DIRECT_WRITE_BYTES
+            and transport.get_write_buffer_size() == 0
+            and not transport.is_closing()
+        ):
+            try:
+                sent = os.write(self._fd, data)
+            except OSError:
+                # a full socket, or a broken connection the transport reports in its own way
+                sent = 0
+            if sent == len(data):
+                return
+            data = memoryview(data)[sent:]
+        transport.write(data)
+
+
+class RenderHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol over a :class:`DirectWriteTransport`."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(DirectWriteTransport(transport))  # type: ignore[arg-type]

@@ -1,0 +1,236 @@
+"""``RenderHttpProtocol``: large bodies written with the GIL released arrive whole and in order,
+through a slow reader, a reader that drops the connection, and never in plain text over TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+uvicorn = pytest.importorskip("uvicorn")
+
+from aiomm.server import http_protocol  # noqa: E402
+from aiomm.server.http_protocol import (  # noqa: E402
+    DIRECT_WRITE_BYTES,
+    DirectWriteTransport,
+    RenderHttpProtocol,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import free_port  # noqa: E402
+
+_RNG = np.random.default_rng(0)
+#: small and large pieces in an order that puts small writes behind queued large ones
+CHUNKS = [
+    b'{"head": 1, "x": "',
+    _RNG.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes(),
+    b"small piece",
+    _RNG.integers(0, 256, 5 << 20, dtype=np.uint8).tobytes(),
+    _RNG.integers(0, 256, 20 << 20, dtype=np.uint8).tobytes(),
+    b'"}',
+]
+BODY = b"".join(CHUNKS)
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    length = str(len(BODY)).encode()
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", length)]}
+    )
+    for i, chunk in enumerate(CHUNKS):
+        await send({"type": "http.response.body", "body": chunk, "more_body": i < len(CHUNKS) - 1})
+
+
+class _Server:
+    def __init__(self, loop: str, **ssl_files: str) -> None:
+        self.port = free_port()
+        scheme = "https" if ssl_files else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}/"
+        config = uvicorn.Config(
+            _app, host="127.0.0.1", port=self.port, log_level="warning", loop=loop,
+            http=RenderHttpProtocol, **ssl_files,
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> _Server:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture
+def direct_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """(size asked, size written) of every write the protocol made to a socket itself."""
+    calls: list[tuple[int, int]] = []
+
+    def write(fd: int, data: Any) -> int:
+        try:
+            sent = os.write(fd, data)
+        except OSError:
+            calls.append((len(data), 0))
+            raise
+        calls.append((len(data), sent))
+        return sent
+
+    monkeypatch.setattr(http_protocol, "os", types.SimpleNamespace(write=write))
+    yield calls
+
+
+def _request(port: int, *, rcvbuf: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    return sock
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    data = bytearray()
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(1 << 16)
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                 .split(b":")[1])  # fmt: skip
+    rest = bytearray(body)
+    while len(rest) < length:
+        piece = sock.recv(1 << 20)
+        assert piece, "connection closed early"
+        rest += piece
+    return bytes(rest)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_large_writes_arrive_whole_and_in_order(
+    loop: str, direct_writes: list[tuple[int, int]]
+) -> None:
+    with _Server(loop) as server:
+        # a reader that waits first: the socket fills, a direct write ends partway and the rest
+        # (and every later piece) waits in the transport's queue
+        sock = _request(server.port, rcvbuf=1 << 16)
+        time.sleep(0.5)
+        assert _read_response(sock) == BODY
+        sock.close()
+        # a prompt reader, on a fresh connection: the server is still fine
+        assert httpx.get(server.url, timeout=30).content == BODY
+    large = [c for c in direct_writes if c[0] >= DIRECT_WRITE_BYTES]
+    assert large == direct_writes, "small writes stay on the transport"
+    assert sum(sent for _, sent in large) > 0, "large pieces went to the socket directly"
+    assert any(0 < sent < asked for asked, sent in large) or any(s == 0 for _, s in large), (
+        "the slow reader left a write unfinished for the transport to complete"
+    )
+
+
+def _loop_factory(name: str) -> Any:
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_write_behind_queued_bytes_waits_its_turn(
+    loop: str, direct_writes: list[tuple[int, int]]
+) -> None:
+    first = _RNG.integers(0, 256, 16 << 20, dtype=np.uint8).tobytes()
+    second = _RNG.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+
+    async def main() -> bytes:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            reader = socket.create_connection(listener.getsockname())
+            sock, _ = listener.accept()
+        transport, _ = await asyncio.get_running_loop().create_connection(
+            asyncio.Protocol, sock=sock
+        )
+        direct = DirectWriteTransport(transport)  # type: ignore[arg-type]
+        received = bytearray()
+        direct.write(first)  # more than the socket holds: the transport queues the rest
+        assert transport.get_write_buffer_size() > 0
+        # empty the socket while the loop (and so the transport's queue) stands still: the
+        # socket has room, yet the next write must wait behind the queued bytes
+        reader.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while piece := reader.recv(1 << 20):
+                received += piece
+        direct.write(second)
+        reader.setblocking(True)
+        while len(received) < len(first) + len(second):
+            received += await asyncio.to_thread(reader.recv, 1 << 20)
+        transport.close()
+        reader.close()
+        return bytes(received)
+
+    event_loop = _loop_factory(loop)()
+    try:
+        assert event_loop.run_until_complete(main()) == first + second
+    finally:
+        event_loop.close()
+    assert [asked for asked, _ in direct_writes] == [len(first)]
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_dropped_reader_leaves_the_server_serving(
+    loop: str, direct_writes: list[tuple[int, int]]
+) -> None:
+    with _Server(loop) as server:
+        sock = _request(server.port, rcvbuf=1 << 16)
+        sock.recv(1 << 10)
+        # close with a reset while the server is mid-body
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        time.sleep(0.3)
+        for _ in range(2):
+            assert httpx.get(server.url, timeout=30).content == BODY
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl is needed for the TLS test (.ci/run installs it)"
+    folder = tmp_path_factory.mktemp("tls")
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return {"ssl_keyfile": str(key), "ssl_certfile": str(cert)}
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_tls_bodies_never_bypass_the_encryption(
+    loop: str, tls_files: dict[str, str], direct_writes: list[tuple[int, int]]
+) -> None:
+    context = ssl.create_default_context(cafile=tls_files["ssl_certfile"])
+    context.check_hostname = False
+    with _Server(loop, **tls_files) as server:
+        assert httpx.get(server.url, timeout=30, verify=context).content == BODY
+    assert direct_writes == []
