@@ -13,13 +13,36 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from aiomm.cli import main
+from aiomm.server.serve import prefer_small_pages
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import RECORDED_MODEL, free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "chat_two_images.json"
+
+
+def test_serve_turns_numpy_huge_pages_off_here_and_in_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from numpy._core.multiarray import _set_madvise_hugepage
+
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+    before = _set_madvise_hugepage(True)
+    try:
+        prefer_small_pages()
+        assert _set_madvise_hugepage(False) is False  # the call returns the state it replaces
+    finally:
+        _set_madvise_hugepage(before)
+    # a worker process (uvicorn spawns them) imports numpy with the server's environment
+    child = subprocess.run(
+        [sys.executable, "-c", "from numpy._core.multiarray import _set_madvise_hugepage as s; "
+         "print(s(True))"],
+        env={**os.environ}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert child.stdout.strip() == "False"
 
 
 def test_serve_refuses_a_missing_folder(tmp_path: Path, capsys: Any) -> None:
