@@ -6,8 +6,9 @@ held time under load in those copies, on the event loop thread, while the transf
 waited for the GIL. ``os.write`` on the same non-blocking socket releases the GIL around the
 copy. So a large write that finds nothing queued in the transport goes to the socket directly;
 what does not fit is handed to the transport, which queues it and keeps every later write
-behind it, so the bytes stay in order. Small writes, TLS and any write behind queued data take
-the transport's own path.
+behind it, so the bytes stay in order. Small writes, any write behind queued data, and every
+transport not known to write its bytes to the socket unchanged (TLS, proxies) take the
+transport's own path.
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ __all__ = ("DIRECT_WRITE_BYTES", "DirectWriteTransport", "RenderHttpProtocol")
 #: writes from this size on go to the socket with the GIL released (the response writer sends
 #: base64 in pieces of at least 64 KiB; headers and small bodies stay on the transport)
 DIRECT_WRITE_BYTES = 1 << 16
+#: (module, class) of the transports that write the bytes they are given to their socket as they
+#: are: uvloop's and asyncio's plain socket transports (asyncio's ``sock.send`` releases the
+#: GIL already; it is here so that both loops behave alike)
+_PLAIN_TRANSPORTS = frozenset(
+    {
+        ("uvloop.loop", "TCPTransport"),
+        ("uvloop.loop", "UnixTransport"),
+        ("asyncio.selector_events", "_SelectorSocketTransport"),
+    }
+)
 
 
 class DirectWriteTransport:
@@ -33,17 +44,22 @@ class DirectWriteTransport:
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+        kind = (type(transport).__module__, type(transport).__qualname__)
         sock = transport.get_extra_info("socket")
-        # with TLS the socket carries ciphertext: never write plain bytes to it
-        tls = transport.get_extra_info("sslcontext") is not None
-        self._fd = -1 if sock is None or tls else int(sock.fileno())
+        # a TLS transport's socket carries ciphertext: never write plain bytes to it
+        plain = kind in _PLAIN_TRANSPORTS and transport.get_extra_info("sslcontext") is None
+        self._fd = int(sock.fileno()) if plain and sock is not None else -1
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_transport":  # unset (a copy made without __init__): no recursion
+            raise AttributeError(name)
         return getattr(self._transport, name)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` after everything written before it."""
         transport = self._transport
+        if not isinstance(data, bytes | bytearray):
+            data = memoryview(data).cast("B")  # lengths and offsets below count bytes
         if (
             self._fd >= 0
             and len(data) >= DIRECT_WRITE_BYTES

@@ -54,7 +54,7 @@ def prefer_small_pages() -> None:
     arrays per large image (patch rows, pixels), fills each once and drops or caches it, so each
     huge-page fault zero-fills 2 MiB of memory the kernel had to find as a free 2 MiB block.
     Measured under the render benchmark's load: kernel CPU 0.60 -> 0.39 of the 2 cores, CPU per
-    image 7-10% lower (``bench/RESULTS.md``).
+    image 4-10% lower (``bench/RESULTS.md``).
     """
     os.environ["NUMPY_MADVISE_HUGEPAGE"] = "0"
     try:
@@ -77,8 +77,8 @@ def serve(config: ServerConfig, *, host: str, port: int, workers: int = 1) -> No
         "host": host,
         "port": port,
         "loop": "uvloop",
-        # the C parser (h11, pure Python, costs milliseconds per megabyte of data URLs), with
-        # large bodies written outside the GIL
+        # httptools' C parser (h11, in pure Python, costs milliseconds per megabyte of data
+        # URLs), and large bodies written outside the GIL
         "http": RenderHttpProtocol,
         "access_log": False,
         "timeout_graceful_shutdown": max(5, int(config.limits.timeout_s)),

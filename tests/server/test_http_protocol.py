@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -69,7 +70,7 @@ class _Server:
         self.url = f"{scheme}://127.0.0.1:{self.port}/"
         config = uvicorn.Config(
             _app, host="127.0.0.1", port=self.port, log_level="warning", loop=loop,
-            http=RenderHttpProtocol, **ssl_files,
+            http=RenderHttpProtocol, log_config=None, **ssl_files,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -106,7 +107,7 @@ def direct_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, i
 
 
 def _request(port: int, *, rcvbuf: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port))
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
     return sock
@@ -115,7 +116,9 @@ def _request(port: int, *, rcvbuf: int) -> socket.socket:
 def _read_response(sock: socket.socket) -> bytes:
     data = bytearray()
     while b"\r\n\r\n" not in data:
-        data += sock.recv(1 << 16)
+        piece = sock.recv(1 << 16)
+        assert piece, "connection closed before the headers"
+        data += piece
     head, _, body = bytes(data).partition(b"\r\n\r\n")
     length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
                  .split(b":")[1])  # fmt: skip
@@ -132,10 +135,9 @@ def test_large_writes_arrive_whole_and_in_order(
     loop: str, direct_writes: list[tuple[int, int]]
 ) -> None:
     with _Server(loop) as server:
-        # a reader that waits first: the socket fills, a direct write ends partway and the rest
-        # (and every later piece) waits in the transport's queue
+        # a small receive buffer: a direct write ends partway and the transport sends the rest
+        # (that later writes wait behind it is the next test's)
         sock = _request(server.port, rcvbuf=1 << 16)
-        time.sleep(0.5)
         assert _read_response(sock) == BODY
         sock.close()
         # a prompt reader, on a fresh connection: the server is still fine
@@ -165,8 +167,12 @@ def test_a_write_behind_queued_bytes_waits_its_turn(
 
     async def main() -> bytes:
         with socket.create_server(("127.0.0.1", 0)) as listener:
-            reader = socket.create_connection(listener.getsockname())
+            # small buffers, so that the first write cannot fit whatever the host's defaults
+            reader = socket.socket()
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 18)
+            reader.connect(listener.getsockname())
             sock, _ = listener.accept()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 18)
         transport, _ = await asyncio.get_running_loop().create_connection(
             asyncio.Protocol, sock=sock
         )
@@ -181,9 +187,11 @@ def test_a_write_behind_queued_bytes_waits_its_turn(
             while piece := reader.recv(1 << 20):
                 received += piece
         direct.write(second)
-        reader.setblocking(True)
+        reader.settimeout(30)
         while len(received) < len(first) + len(second):
-            received += await asyncio.to_thread(reader.recv, 1 << 20)
+            piece = await asyncio.to_thread(reader.recv, 1 << 20)
+            assert piece, "connection closed early"
+            received += piece
         transport.close()
         reader.close()
         return bytes(received)
@@ -197,9 +205,46 @@ def test_a_write_behind_queued_bytes_waits_its_turn(
 
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
-def test_a_dropped_reader_leaves_the_server_serving(
+def test_a_write_to_a_reset_connection_is_left_to_the_transport(
     loop: str, direct_writes: list[tuple[int, int]]
 ) -> None:
+    class Recorder(asyncio.Protocol):
+        lost: asyncio.Future[Exception | None]
+
+        def connection_made(self, transport: Any) -> None:
+            self.lost = asyncio.get_running_loop().create_future()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.lost.set_result(exc)
+
+    async def main() -> Exception | None:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            reader = socket.create_connection(listener.getsockname())
+            sock, _ = listener.accept()
+        transport, protocol = await asyncio.get_running_loop().create_connection(
+            Recorder, sock=sock
+        )
+        # the peer resets (on loopback the reset has arrived when close returns); the loop has
+        # not run since, so the transport does not know yet
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        reader.close()
+        DirectWriteTransport(transport).write(BODY[: 1 << 20])  # type: ignore[arg-type]
+        return await asyncio.wait_for(protocol.lost, 10)
+
+    event_loop = _loop_factory(loop)()
+    try:
+        lost = event_loop.run_until_complete(main())
+    finally:
+        event_loop.close()
+    assert direct_writes == [(1 << 20, 0)], "the write went to the socket and failed there"
+    assert isinstance(lost, ConnectionError), "the transport reported the broken connection"
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_dropped_reader_leaves_the_server_serving(
+    loop: str, direct_writes: list[tuple[int, int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
     with _Server(loop) as server:
         sock = _request(server.port, rcvbuf=1 << 16)
         sock.recv(1 << 10)
@@ -209,6 +254,13 @@ def test_a_dropped_reader_leaves_the_server_serving(
         time.sleep(0.3)
         for _ in range(2):
             assert httpx.get(server.url, timeout=30).content == BODY
+        deadline = time.monotonic() + 10
+        while server.server.server_state.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server.server.server_state.connections, "a connection was left open"
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    assert direct_writes, "the reset connection was written to directly"
 
 
 @pytest.fixture(scope="module")

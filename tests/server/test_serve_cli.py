@@ -64,10 +64,11 @@ def _start(model_folder: Path, *extra: str) -> tuple[subprocess.Popen[bytes], st
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
+                return proc, url
         except httpx.HTTPError:
             time.sleep(0.2)
-    return proc, url
+    _stop(proc)
+    raise AssertionError("aiomm serve did not answer /health within 120 s")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -78,14 +79,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.stdout.close()
 
 
-def test_serve_workers_each_render(model_folder: Path) -> None:
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:  # gone meanwhile
+        return ""
+
+
+def test_serve_workers_start_and_render(model_folder: Path) -> None:
     proc, url = _start(model_folder, "--workers", "2")
     try:
-        workers = [
-            c
-            for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-            if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()
-        ]
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        workers = [c for c in children if "spawn_main" in _cmdline(c)]
         assert len(workers) == 2
         case = json.loads(FIXTURE.read_text())
         expected = case["response"]
