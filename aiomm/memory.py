@@ -1,4 +1,5 @@
-"""Process-wide malloc settings for the engine's large, short-lived buffers (glibc only).
+"""Process-wide memory settings for the engine's large, short-lived buffers: glibc's malloc
+thresholds, and (for ``aiomm serve``) numpy's huge-page advice (:func:`prefer_small_pages`).
 
 Every image passes through buffers of megabytes (decoded pixels, resized pixels, patch rows, the
 merged batch). glibc serves allocations above its mmap threshold with fresh mappings, and the
@@ -32,6 +33,7 @@ __all__ = (
     "DEFAULT_MMAP_THRESHOLD",
     "DEFAULT_TRIM_THRESHOLD",
     "engine_opened",
+    "prefer_small_pages",
     "release_after_last_engine",
     "trim_heap",
     "tune_malloc",
@@ -88,6 +90,28 @@ def untune_malloc() -> bool:
         mallopt(_M_MMAP_THRESHOLD, _GLIBC_INITIAL)
         mallopt(_M_TRIM_THRESHOLD, _GLIBC_INITIAL)
         return True
+
+
+def prefer_small_pages() -> None:
+    """Stop numpy from asking for transparent huge pages, in this process and the workers it
+    starts (which read ``NUMPY_MADVISE_HUGEPAGE`` when they import numpy). ``aiomm serve`` calls
+    it; an engine embedded elsewhere leaves its host's numpy as it is.
+
+    numpy advises huge pages for every array of 4 MiB or more. The server makes a few such
+    arrays per large image (patch rows, pixels), fills each once and drops or caches it, so each
+    huge-page fault zero-fills 2 MiB of memory the kernel had to find as a free 2 MiB block.
+    Measured under the render benchmark's load: kernel CPU 0.60 -> 0.39 of the 2 cores, CPU per
+    image 4-10% lower (``bench/RESULTS.md``).
+    """
+    os.environ["NUMPY_MADVISE_HUGEPAGE"] = "0"
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage  # numpy 1.x
+        except ImportError:  # gone from a later numpy: its arrays keep its default
+            return
+    _set_madvise_hugepage(False)
 
 
 def trim_heap() -> bool:

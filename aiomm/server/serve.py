@@ -17,12 +17,13 @@ from typing import Any
 from starlette.applications import Starlette
 
 from aiomm.logging import configure_logging
+from aiomm.memory import prefer_small_pages
 
 from .app import ServerConfig, create_app
 from .http_protocol import RenderHttpProtocol
 from .render import RenderLimits
 
-__all__ = ("app_from_env", "prefer_small_pages", "serve")
+__all__ = ("app_from_env", "serve")
 
 _ENV = "AIOMM_SERVE_CONFIG"
 
@@ -46,32 +47,11 @@ def app_from_env() -> Starlette:
     return create_app(_from_env(os.environ[_ENV]))
 
 
-def prefer_small_pages() -> None:
-    """Stop numpy from asking for transparent huge pages, in this process and the workers it
-    starts (which read ``NUMPY_MADVISE_HUGEPAGE`` when they import numpy).
-
-    numpy advises huge pages for every array of 4 MiB or more. The server makes a few such
-    arrays per large image (patch rows, pixels), fills each once and drops or caches it, so each
-    huge-page fault zero-fills 2 MiB of memory the kernel had to find as a free 2 MiB block.
-    Measured under the render benchmark's load: kernel CPU 0.60 -> 0.39 of the 2 cores, CPU per
-    image 4-10% lower (``bench/RESULTS.md``).
-    """
-    os.environ["NUMPY_MADVISE_HUGEPAGE"] = "0"
-    try:
-        from numpy._core.multiarray import _set_madvise_hugepage
-    except ImportError:
-        try:
-            from numpy.core.multiarray import _set_madvise_hugepage  # numpy 1.x
-        except ImportError:  # gone from a later numpy: its arrays keep its default
-            return
-    _set_madvise_hugepage(False)
-
-
 def serve(config: ServerConfig, *, host: str, port: int, workers: int = 1) -> None:
     """Serve ``config`` until SIGINT / SIGTERM (in-flight requests are drained)."""
     import uvicorn
 
-    prefer_small_pages()
+    prefer_small_pages()  # a server's arrays are filled once: small pages cost less
 
     options: dict[str, Any] = {
         "host": host,

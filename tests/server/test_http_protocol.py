@@ -150,12 +150,18 @@ def test_large_writes_arrive_whole_and_in_order(
     )
 
 
-def _loop_factory(name: str) -> Any:
-    if name == "uvloop":
+def _run(loop: str, main: Any) -> Any:
+    """``main()`` to completion on a fresh event loop of the kind ``loop`` names."""
+    if loop == "uvloop":
         import uvloop
 
-        return uvloop.new_event_loop
-    return asyncio.new_event_loop
+        event_loop = uvloop.new_event_loop()
+    else:
+        event_loop = asyncio.new_event_loop()
+    try:
+        return event_loop.run_until_complete(main())
+    finally:
+        event_loop.close()
 
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
@@ -196,11 +202,7 @@ def test_a_write_behind_queued_bytes_waits_its_turn(
         reader.close()
         return bytes(received)
 
-    event_loop = _loop_factory(loop)()
-    try:
-        assert event_loop.run_until_complete(main()) == first + second
-    finally:
-        event_loop.close()
+    assert _run(loop, main) == first + second
     assert [asked for asked, _ in direct_writes] == [len(first)]
 
 
@@ -231,11 +233,7 @@ def test_a_write_to_a_reset_connection_is_left_to_the_transport(
         DirectWriteTransport(transport).write(BODY[: 1 << 20])  # type: ignore[arg-type]
         return await asyncio.wait_for(protocol.lost, 10)
 
-    event_loop = _loop_factory(loop)()
-    try:
-        lost = event_loop.run_until_complete(main())
-    finally:
-        event_loop.close()
+    lost = _run(loop, main)
     assert direct_writes == [(1 << 20, 0)], "the write went to the socket and failed there"
     assert isinstance(lost, ConnectionError), "the transport reported the broken connection"
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from aiomm.cli import main
-from aiomm.server.serve import prefer_small_pages
+from aiomm.memory import prefer_small_pages
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import RECORDED_MODEL, free_port
