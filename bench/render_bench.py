@@ -8,7 +8,9 @@ each worker sending its next request when the previous one is answered) posts ch
 repeating an earlier image) to ``/v1/chat/completions/render`` at each ``--concurrency`` level.
 Every body is built before the clock starts; the client reads each response whole. Reported per
 server and level: images/s, latency p50/p99, the server's CPU ms per image and cores busy
-(utime+stime of the server process and its children from /proc, over the measured window), then
+(utime+stime of the server process and its children from /proc, over the measured window), the
+load generator's cores and the machine's idle cores over the same window (the three share the
+machine: what the server did not get, the generator or other jobs took, or nobody), then
 aiomm/vLLM ratios.
 
     python bench/render_bench.py [--vllm-venv /tmp/vllm-venv] [--n 60] [--concurrency 8 32]
@@ -59,6 +61,10 @@ class LevelResult:
     server_cores_busy: float
     mb_received: float
     client_cpu_s: float
+    #: the load generator's CPU seconds per wall second
+    client_cores: float = 0.0
+    #: cores the whole machine left idle (``/proc/stat`` idle + iowait) per wall second
+    machine_idle_cores: float = 0.0
 
 
 def _free_port() -> int:
@@ -246,11 +252,17 @@ async def _drive(url: str, bodies: list[bytes], concurrency: int) -> tuple[list[
     return latencies, received
 
 
+def _idle_s() -> float:
+    """Seconds all of the machine's cores have been idle (idle + iowait, ``/proc/stat``)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[4]) + int(fields[5])) / CLK_TCK
+
+
 def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: int) -> LevelResult:
-    cpu0, t0, me0 = _cpu_s(pid), time.perf_counter(), time.process_time()
+    cpu0, idle0, t0, me0 = _cpu_s(pid), _idle_s(), time.perf_counter(), time.process_time()
     latencies, received = _run(_drive(url, bodies, c))
     wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - cpu0
-    client_cpu = time.process_time() - me0
+    client_cpu, idle = time.process_time() - me0, _idle_s() - idle0
     lat = np.array(latencies) * 1000
     result = LevelResult(
         name,
@@ -265,6 +277,8 @@ def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: i
         round(cpu / wall, 2),
         round(received / 2**20, 1),
         round(client_cpu, 2),
+        round(client_cpu / wall, 2),
+        round(idle / wall, 2),
     )
     print(json.dumps(asdict(result)), flush=True)
     return result
@@ -312,6 +326,8 @@ def _combine(results: list[LevelResult]) -> list[LevelResult]:
                 round(cpu_s / wall, 2),
                 round(sum(r.mb_received for r in rs), 1),
                 round(sum(r.client_cpu_s for r in rs), 2),
+                round(sum(r.client_cores * r.wall_s for r in rs) / wall, 2),
+                round(sum(r.machine_idle_cores * r.wall_s for r in rs) / wall, 2),
             )
         )
     return out
@@ -426,11 +442,12 @@ def main(argv: list[str] | None = None) -> int:
         f"on {os.cpu_count()} cores (other jobs share this machine)"
     )
     header = f"{'server':7} {'c':>3} {'img/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/img':>10}"
-    print(header + f" {'cores':>6} {'MB recv':>8}")
+    print(header + f" {'cores':>6} {'load gen':>8} {'idle':>5} {'MB recv':>8}")
     for r in results:
         print(
             f"{r.server:7} {r.concurrency:>3} {r.images_per_s:>7} {r.p50_ms:>8} {r.p99_ms:>8} "
-            f"{r.server_cpu_ms_per_image:>10} {r.server_cores_busy:>6} {r.mb_received:>8}"
+            f"{r.server_cpu_ms_per_image:>10} {r.server_cores_busy:>6} {r.client_cores:>8} "
+            f"{r.machine_idle_cores:>5} {r.mb_received:>8}"
         )
     by = {(r.server, r.concurrency): r for r in results}
     for c in args.concurrency:

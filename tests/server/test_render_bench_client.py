@@ -7,12 +7,15 @@ checks those lengths against httpx's reading of the same responses, errors inclu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from .conftest import RECORDED_MODEL, LiveServer
 
@@ -69,3 +72,40 @@ def test_client_reads_every_response_whole(live_server: LiveServer) -> None:
     assert b"error" in got[-1][2]
     latencies, received = bench._run(bench._drive(live_server.url + path, bodies[:4], 2))
     assert len(latencies) == 4 and received == sum(len(r.content) for r in expected[:4])
+
+
+def test_level_reports_the_generator_and_the_machine_idle(live_server: LiveServer) -> None:
+    bench = _bench()
+    args = argparse.Namespace(
+        n=3,
+        sizes="320x240",
+        two_image_frac=0.0,
+        repeat_frac=0.0,
+        mm_payload="tensors",
+        model_folder=RECORDED_MODEL,
+    )
+    bodies, images = bench.build_bodies(args, seed=3)
+    url = live_server.url + "/v1/chat/completions/render"
+    # the server runs in this process: its CPU and the generator's are the same seconds here
+    result = bench._level("aiomm", url, os.getpid(), 2, bodies, images)
+    cores = os.cpu_count() or 1
+    assert result.images == images == 3
+    assert 0 < result.client_cores <= cores + 0.1
+    assert 0 <= result.machine_idle_cores <= cores + 0.1
+    # idle + busy cannot exceed the machine: the server's cores include the generator's here
+    assert result.server_cores_busy + result.machine_idle_cores <= cores + 0.2
+
+
+def test_combined_rows_weigh_cores_by_each_round_s_wall_time() -> None:
+    bench = _bench()
+    base = bench.LevelResult("aiomm", 8, 10, 15, 1.0, 15.0, 90.0, 120.0, 20.0, 0.3, 1.0, 0.2)
+    slow = {"wall_s": 3.0, "images_per_s": 5.0, "p50_ms": 80.0, "p99_ms": 150.0}
+    rounds = [
+        dataclasses.replace(base, client_cores=0.3, machine_idle_cores=1.0),
+        dataclasses.replace(base, **slow, client_cores=0.1, machine_idle_cores=0.2),
+    ]
+    (row,) = bench._combine(rounds)
+    assert row.wall_s == 4.0 and row.images == 30
+    assert row.client_cores == pytest.approx((0.3 * 1 + 0.1 * 3) / 4, abs=0.005)
+    assert row.machine_idle_cores == pytest.approx((1.0 * 1 + 0.2 * 3) / 4, abs=0.005)
+    assert (row.p50_ms, row.p99_ms) == (90.0, 150.0)  # the worst round's
