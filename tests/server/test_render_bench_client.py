@@ -34,17 +34,24 @@ def _unrandom(head: bytes) -> bytes:
     return _REQUEST_ID.sub(b'"request_id":""', head)
 
 
-def test_client_reads_every_response_whole(live_server: LiveServer) -> None:
-    bench = _bench()
+def _bodies(
+    n: int, sizes: str, two_image_frac: float, repeat_frac: float, seed: int
+) -> tuple[list[bytes], int]:
+    """The benchmark's own request bodies (and image count) for the recorded model."""
     args = argparse.Namespace(
-        n=4,
-        sizes="320x240,640x480",
-        two_image_frac=0.5,
-        repeat_frac=0.25,
+        n=n,
+        sizes=sizes,
+        two_image_frac=two_image_frac,
+        repeat_frac=repeat_frac,
         mm_payload="tensors",
         model_folder=RECORDED_MODEL,
     )
-    bodies, images = bench.build_bodies(args, seed=5)
+    return _bench().build_bodies(args, seed=seed)
+
+
+def test_client_reads_every_response_whole(live_server: LiveServer) -> None:
+    bench = _bench()
+    bodies, images = _bodies(4, "320x240,640x480", 0.5, 0.25, seed=5)
     assert images >= 4
     bodies.append(
         b'{"messages": [{"role": "user", "content": [{"type": "image_url", '
@@ -76,15 +83,7 @@ def test_client_reads_every_response_whole(live_server: LiveServer) -> None:
 
 def test_level_reports_the_generator_and_the_machine_idle(live_server: LiveServer) -> None:
     bench = _bench()
-    args = argparse.Namespace(
-        n=3,
-        sizes="320x240",
-        two_image_frac=0.0,
-        repeat_frac=0.0,
-        mm_payload="tensors",
-        model_folder=RECORDED_MODEL,
-    )
-    bodies, images = bench.build_bodies(args, seed=3)
+    bodies, images = _bodies(3, "320x240", 0.0, 0.0, seed=3)
     url = live_server.url + "/v1/chat/completions/render"
     # the server runs in this process: its CPU and the generator's are the same seconds here
     result = bench._level("aiomm", url, os.getpid(), 2, bodies, images)
