@@ -252,9 +252,11 @@ async def _drive(url: str, bodies: list[bytes], concurrency: int) -> tuple[list[
     return latencies, received
 
 
-def _idle_s() -> float:
-    """Seconds all of the machine's cores have been idle (idle + iowait, ``/proc/stat``)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+def _idle_s(stat: str | None = None) -> float:
+    """Seconds all of the machine's cores have been idle: idle + iowait of ``/proc/stat``'s
+    ``cpu`` line (``stat``: that file's text; None reads it)."""
+    text = Path("/proc/stat").read_text() if stat is None else stat
+    fields = text.split("\n", 1)[0].split()  # cpu user nice system idle iowait irq ...
     return (int(fields[4]) + int(fields[5])) / CLK_TCK
 
 
@@ -326,7 +328,7 @@ def _combine(results: list[LevelResult]) -> list[LevelResult]:
                 round(cpu_s / wall, 2),
                 round(sum(r.mb_received for r in rs), 1),
                 round(sum(r.client_cpu_s for r in rs), 2),
-                round(sum(r.client_cores * r.wall_s for r in rs) / wall, 2),
+                round(sum(r.client_cpu_s for r in rs) / wall, 2),
                 round(sum(r.machine_idle_cores * r.wall_s for r in rs) / wall, 2),
             )
         )
