@@ -45,6 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: recv flag that drops TCP data in the kernel (Linux); elsewhere the bytes are copied
 _DROP = getattr(socket, "MSG_TRUNC", 0) if sys.platform == "linux" else 0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: the load generator waits for this much of a body before it wakes (``SO_RCVLOWAT``; 1: off)
+_WAKE_BYTES = 1 << 20
 
 
 @dataclass
@@ -132,7 +134,8 @@ def build_bodies(args: argparse.Namespace, seed: int) -> tuple[list[bytes], int]
 class _Connection:
     """A minimal keep-alive HTTP/1.1 client on a raw socket: the load generator shares the
     machine with the servers, so it receives each response straight into one reused buffer
-    (``sock_recv_into``: the kernel's copy and nothing else) and keeps only its length."""
+    (``sock_recv_into``: the kernel's copy and nothing else), keeps only its length, and wakes
+    once per megabyte of a body, not once per burst (:meth:`_wake_at`)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
@@ -140,6 +143,8 @@ class _Connection:
         self.buf = bytearray(1 << 22)
         self.view = memoryview(self.buf)
         self.have = 0  # bytes of the next response already received
+        self.lowat = 1  # the socket's SO_RCVLOWAT (_wake_at)
+        self.wake_max = _WAKE_BYTES  # at most half the receive buffer: it must fit
 
     async def _recv(self) -> int:
         loop = asyncio.get_running_loop()
@@ -147,6 +152,7 @@ class _Connection:
             self.view.release()  # a bytearray with an exported view cannot grow
             self.buf.extend(bytes(len(self.buf)))
             self.view = memoryview(self.buf)
+        self._wake_at(1)  # a head's size is unknown
         n = await loop.sock_recv_into(self.sock, self.view[self.have :])
         if not n:
             raise ConnectionError("the server closed the connection")
@@ -172,6 +178,7 @@ class _Connection:
             try:
                 n = self.sock.recv_into(self.view, limit, _DROP)
             except BlockingIOError:
+                self._wake_at(limit)
                 ready = loop.create_future()
                 loop.add_reader(self.sock.fileno(), ready.set_result, None)
                 try:
@@ -183,12 +190,27 @@ class _Connection:
                 raise ConnectionError("the server closed the connection")
             return n
 
+    def _wake_at(self, size: int) -> None:
+        """Be woken only once ``size`` bytes (at most ``_WAKE_BYTES``, and at most half the
+        socket's receive buffer) can be read.
+
+        A response of megabytes arrives in many small bursts; waking for each one costs the
+        generator a context switch and preempts whatever server thread shares its core.
+        """
+        lowat = max(1, min(size, self.wake_max))
+        if lowat != self.lowat:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+            self.lowat = lowat
+
     async def post(self, path: str, body: bytes) -> tuple[int, int, bytes]:
         """Status, body length and the body's first bytes (for error messages)."""
         loop = asyncio.get_running_loop()
         if self.sock is None:
             self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            # the kernel caps the buffer (net.core.rmem_max) and reports twice what it keeps
+            rcvbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            self.wake_max = max(1, min(_WAKE_BYTES, rcvbuf // 4))
             self.sock.setblocking(False)
             await loop.sock_connect(self.sock, (self.host, self.port))
         head = (

@@ -7,6 +7,7 @@ checks those lengths against httpx's reading of the same responses, errors inclu
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import importlib
 import os
@@ -119,3 +120,61 @@ def test_combined_rows_weigh_cores_by_each_round_s_wall_time() -> None:
     assert row.client_cores == pytest.approx((0.3 * 1 + 0.1 * 3) / 4, abs=0.005)
     assert row.machine_idle_cores == pytest.approx((1.0 * 1 + 0.2 * 3) / 4, abs=0.005)
     assert (row.p50_ms, row.p99_ms) == (90.0, 150.0)  # the worst round's
+
+
+def test_client_wakes_once_per_megabyte_of_a_body_not_per_burst(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 3 MiB body sent in 64 KiB bursts is read whole with a few wake-ups; a client that woke
+    for every burst (``_WAKE_BYTES = 1``) needs many."""
+    bench = _bench()
+    body = bytes(range(256)) * (3 * 4096)  # 3 MiB
+
+    served: list[asyncio.Event] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await send(reader, writer)
+        finally:
+            served[-1].set()
+
+    async def send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)  # the request's body, b"{}"
+        writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        for start in range(0, len(body), 1 << 16):
+            writer.write(body[start : start + (1 << 16)])
+            await writer.drain()
+            await asyncio.sleep(0.002)
+        writer.close()  # after the data: the client has its whole body (or reads it before EOF)
+        await writer.wait_closed()
+
+    async def fetch() -> tuple[int, int, int]:
+        served.append(asyncio.Event())
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = bench._Connection("127.0.0.1", port)
+        waits = 0
+        wake_at = conn._wake_at
+
+        def counted(size: int) -> None:
+            nonlocal waits
+            waits += size > 1  # a wait for body bytes
+            wake_at(size)
+
+        conn._wake_at = counted
+        try:
+            status, size, _ = await conn.post("/", b"{}")
+        finally:
+            conn.close()
+            await served[-1].wait()
+            server.close()
+            await server.wait_closed()
+        assert (status, size) == (200, len(body))
+        return size, waits, conn.wake_max
+
+    _, few, wake = bench._run(fetch())
+    monkeypatch.setattr(bench, "_WAKE_BYTES", 1)
+    _, many, _ = bench._run(fetch())
+    assert wake > 1 << 16  # more than one burst per wake-up, on any receive buffer size
+    assert few <= -(-len(body) // wake) + 2 < many
