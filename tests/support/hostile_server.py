@@ -41,8 +41,13 @@ def nested_gzip(inflated: int, layers: int) -> bytes:
 
 
 def fixed(status: int, body: bytes, **headers: str | int) -> Route:
-    """A complete response with an exact Content-Length (unless ``headers`` names another)."""
+    """A complete response with an exact Content-Length (unless ``headers`` names another).
+
+    The server answers one request per connection, so it says ``Connection: close``: without it
+    a client may send its next request on the connection just as the server closes it, and get a
+    reset (a flaky failure of a good request, not a hostile route)."""
     headers.setdefault("Content_Length", len(body))
+    headers.setdefault("Connection", "close")
 
     def route(conn: socket.socket, release: threading.Event) -> None:
         conn.sendall(head(status, **headers) + body)
