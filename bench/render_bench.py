@@ -63,10 +63,24 @@ class LevelResult:
     server_cores_busy: float
     mb_received: float
     client_cpu_s: float
-    #: the load generator's CPU seconds per wall second
-    client_cores: float = 0.0
-    #: cores the whole machine left idle (``/proc/stat`` idle + iowait) per wall second
-    machine_idle_cores: float = 0.0
+    #: seconds the whole machine's cores were idle (``/proc/stat`` idle + iowait)
+    machine_idle_s: float = 0.0
+
+    @property
+    def client_cores(self) -> float:
+        """The load generator's CPU seconds per wall second."""
+        return round(self.client_cpu_s / self.wall_s, 2) if self.wall_s else 0.0
+
+    @property
+    def machine_idle_cores(self) -> float:
+        """Cores the whole machine left idle, on average."""
+        return round(self.machine_idle_s / self.wall_s, 2) if self.wall_s else 0.0
+
+
+def _row(result: LevelResult) -> dict[str, Any]:
+    """``result`` as JSON: its fields and the cores derived from them."""
+    cores = {"client_cores": result.client_cores, "machine_idle_cores": result.machine_idle_cores}
+    return {**asdict(result), **cores}
 
 
 def _free_port() -> int:
@@ -301,10 +315,9 @@ def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: i
         round(cpu / wall, 2),
         round(received / 2**20, 1),
         round(client_cpu, 2),
-        round(client_cpu / wall, 2),
-        round(idle / wall, 2),
+        round(idle, 2),
     )
-    print(json.dumps(asdict(result)), flush=True)
+    print(json.dumps(_row(result)), flush=True)
     return result
 
 
@@ -350,8 +363,7 @@ def _combine(results: list[LevelResult]) -> list[LevelResult]:
                 round(cpu_s / wall, 2),
                 round(sum(r.mb_received for r in rs), 1),
                 round(sum(r.client_cpu_s for r in rs), 2),
-                round(sum(r.client_cpu_s for r in rs) / wall, 2),
-                round(sum(r.machine_idle_cores * r.wall_s for r in rs) / wall, 2),
+                round(sum(r.machine_idle_s for r in rs), 2),
             )
         )
     return out
@@ -485,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"combined": [asdict(r) for r in results], "rounds": [asdict(r) for r in raw]},
+                {"combined": [_row(r) for r in results], "rounds": [_row(r) for r in raw]},
                 indent=1,
             )
         )

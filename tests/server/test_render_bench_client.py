@@ -110,10 +110,8 @@ def test_combined_rows_weigh_cores_by_each_round_s_wall_time() -> None:
     base = bench.LevelResult("aiomm", 8, 10, 15, 1.0, 15.0, 90.0, 120.0, 20.0, 0.3, 1.0, 0.3)
     slow = {"wall_s": 3.0, "images_per_s": 5.0, "p50_ms": 80.0, "p99_ms": 150.0}
     rounds = [
-        dataclasses.replace(base, client_cores=0.3, machine_idle_cores=1.0),
-        dataclasses.replace(
-            base, **slow, client_cpu_s=0.3, client_cores=0.1, machine_idle_cores=0.2
-        ),
+        dataclasses.replace(base, machine_idle_s=1.0),  # 0.3 and 1.0 cores over 1 s
+        dataclasses.replace(base, **slow, machine_idle_s=0.6),  # 0.1 and 0.2 cores over 3 s
     ]
     (row,) = bench._combine(rounds)
     assert row.wall_s == 4.0 and row.images == 30
