@@ -196,10 +196,10 @@ class RenderService:
                 "image data URLs must be data:<mime>;base64,<payload>", source=shown
             )
         limit = self.fetcher.config.max_bytes
-        if (len(url) - comma - 1) // 4 * 3 > limit + 2:
+        decoded = (len(url) - comma - 1) // 4 * 3  # about, before padding
+        if decoded > limit + 2:
             raise DownloadTooLargeError(
-                f"data URL payload of about {(len(url) - comma - 1) // 4 * 3} bytes is above the "
-                f"limit of {limit} bytes",
+                f"data URL payload of about {decoded} bytes is above the limit of {limit} bytes",
                 source=shown,
             )
         payload = url[comma + 1 :]
