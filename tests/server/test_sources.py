@@ -1,4 +1,5 @@
-"""Image sources other than data: URLs give vLLM's hashes too; multi-worker config travels."""
+"""Image sources other than data: URLs give vLLM's hashes too, data URLs keep to the fetch size
+limit; multi-worker config travels."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.testclient import TestClient
 
 from aiomm.config import EngineConfig, FetchConfig
-from aiomm.server import ServerConfig
+from aiomm.server import ServerConfig, create_app
 from aiomm.server.render import RenderLimits
 from aiomm.server.serve import _from_env, _to_env
 
@@ -134,3 +136,27 @@ def test_client_disconnect_cancels_the_render(model_folder: Path) -> None:
         release.set()
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_data_url_above_the_fetch_limit_is_refused_and_one_at_it_renders(
+    model_folder: Path,
+) -> None:
+    def served(limit: int) -> httpx.Response:
+        engine = EngineConfig(device="cpu", fetch=FetchConfig(max_bytes=limit))
+        config = ServerConfig(
+            model=str(model_folder),
+            model_id=RECORDED_MODEL,
+            served_model_names=(RECORDED_MODEL,),
+            engine=engine,
+        )
+        with TestClient(create_app(config)) as client:
+            return client.post(CASE["path"], json=CASE["body"])
+
+    refused = served(len(JPEG) - 100)
+    assert 400 <= refused.status_code < 500, refused.text
+    message = refused.json()["error"]["message"]
+    assert f"data URL payload of about {len(URL.split(',', 1)[1]) // 4 * 3} bytes" in message
+    assert f"above the limit of {len(JPEG) - 100} bytes" in message
+    ok = served(len(JPEG))
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["features"] == CASE["response"]["features"]
