@@ -172,7 +172,8 @@ def grid_outputs(transformed: list[tuple[torch.Tensor, list[int]]]) -> dict[str,
     rows = [r for r, _ in transformed]
     return {
         "pixel_values": rows[0] if len(rows) == 1 else torch.cat(rows),
-        "image_grid_thw": torch.tensor([g for _, g in transformed], dtype=torch.long),
+        # from numpy: torch.tensor releases the GIL (image_ops' module docstring)
+        "image_grid_thw": torch.from_numpy(np.array([g for _, g in transformed], dtype=np.int64)),
     }
 
 
@@ -288,7 +289,7 @@ def grid_fields_config(
     each of their ``repeat[0]`` channel blocks ``repeat[1]`` times.
     """
     grid = outputs.get("image_grid_thw")
-    sizes = grid.prod(-1) if grid is not None else []
+    sizes = [math.prod(g) for g in grid.tolist()] if grid is not None else []
     return {
         "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", sizes, repeat=repeat),
         "image_grid_thw": MultiModalFieldConfig.batched("image"),

@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from aiomm.errors import KernelInputError, ProcessingError
@@ -62,6 +63,21 @@ class Repeat(NamedTuple):
             raise ProcessingError(
                 f"rows of shape {list(value.shape)} do not split into {self.blocks} equal blocks"
             ) from None
+
+    def expand_array(self, value: np.ndarray) -> np.ndarray:
+        """:meth:`expand` of a numpy array (a broadcast view): the same layout, with no torch call
+        (each releases the GIL, see :mod:`aiomm.processing.image_ops`).
+
+        :raises ProcessingError: rows that do not split into ``blocks`` equal blocks.
+        """
+        if value.ndim != 2 or value.shape[1] % self.blocks:
+            raise ProcessingError(
+                f"rows of shape {list(value.shape)} do not split into {self.blocks} equal blocks"
+            )
+        n, width = value.shape[0], value.shape[1] // self.blocks
+        return np.broadcast_to(
+            value.reshape(n, self.blocks, 1, width), (n, self.blocks, self.times, width)
+        )
 
     def expanded_width(self, width: int) -> int:
         """The width of a model row made from a compact row of ``width`` values."""
@@ -159,6 +175,10 @@ class MultiModalFieldConfig(FieldConfig):
         :raises ProcessingError: if the value's length does not fit the config.
         """
         if self.kind is FieldKind.BATCHED:
+            if isinstance(value, torch.Tensor):
+                # indexing, not list(): iterating a tensor unbinds it, a torch op that releases
+                # the GIL (aiomm.processing.image_ops' module docstring)
+                return [value[i] for i in range(len(value))]
             return list(value)
         if self.kind is FieldKind.SHARED:
             assert self.batch_size is not None

@@ -1,7 +1,10 @@
 """uint8 image operations of the ``native`` transforms: RGB conversion, resize, patchify.
 
 Every function here keeps pixels in uint8 and spends its time in Pillow or torch kernels, which
-release the GIL, so worker threads scale with cores. Each mirrors the exact operation one HF
+release the GIL, so worker threads scale with cores. Views and bookkeeping are numpy's: every
+torch call releases the GIL, even one that only makes a view, and a worker thread that gives the
+GIL up waits to get it back (under the render server's load, about 0.4 ms on average, often
+behind the event loop). Each mirrors the exact operation one HF
 image-processor backend performs, so the results are equal bit for bit:
 
 - PIL backend (``*Pil`` classes): ``PIL.Image.resize`` on the RGB image;
@@ -37,6 +40,7 @@ __all__ = (
     "numpy_copyable",
     "padded_pixels",
     "patchify",
+    "permuted_copy",
     "resize",
     "resize_chw",
     "to_rgb_array",
@@ -130,7 +134,9 @@ def to_rgb_array(image: PIL.Image.Image | np.ndarray) -> np.ndarray:
 
 def _chw_view(image: np.ndarray) -> torch.Tensor:
     """A ``C x H x W`` view (channels-last strides) of an ``H x W x C`` array, never a copy."""
-    return as_tensor_view(image).permute(2, 0, 1)
+    # numpy's transpose, not torch's permute: every torch op releases the GIL and a worker
+    # thread may then wait for the event loop to hand it back (see module docstring)
+    return as_tensor_view(image.transpose(2, 0, 1))
 
 
 def as_tensor_view(array: np.ndarray) -> torch.Tensor:
@@ -170,12 +176,17 @@ def resize(
     if (h, w) == (height, width):
         return _chw_view(image)
     padded = padded_pixels(image)
-    if padded is not None:
+    mode = _TORCH_MODES.get(resample)
+    if scratch and mode in _AA_OPS:
         # torch resizes 4-byte pixels without first unpacking them (the scratch resize of a
         # 1080p image: 3.0 ms against 3.6 for 3 channels); every channel is resized on its own,
         # so the first three are the same
-        return resize_chw(_chw_view(padded), height, width, resample, scratch=scratch)[:3]
-    return resize_chw(_chw_view(image), height, width, resample, scratch=scratch)
+        resized = _resize_into_scratch(image if padded is None else padded, height, width, mode)
+        if resized is not None:
+            return as_tensor_view(resized[..., :3].transpose(2, 0, 1))
+    if padded is not None:
+        return resize_chw(_chw_view(padded), height, width, resample)[:3]
+    return resize_chw(_chw_view(image), height, width, resample)
 
 
 def padded_pixels(image: np.ndarray) -> np.ndarray | None:
@@ -212,10 +223,10 @@ def resize_chw(
     mode = _TORCH_MODES.get(resample)
     if mode is None:
         raise ProcessingError(f"the torchvision-backend native resize has no {resample.name} mode")
-    if scratch and chw.dim() == 3 and mode in _AA_OPS and chw.shape[0] in (3, 4):
-        resized = _resize_into_scratch(chw, height, width, _AA_OPS[mode])
+    if scratch and chw.dim() == 3 and mode in _AA_OPS and numpy_copyable(chw):
+        resized = _resize_into_scratch(chw.numpy().transpose(1, 2, 0), height, width, mode)
         if resized is not None:
-            return resized
+            return as_tensor_view(resized.transpose(2, 0, 1))
     antialias = mode != "nearest"
     out = F.interpolate(
         chw if chw.dim() == 4 else chw.unsqueeze(0),
@@ -227,7 +238,7 @@ def resize_chw(
     return out if chw.dim() == 4 else out[0]
 
 
-#: the antialiased kernels ``F.interpolate`` dispatches to, callable with ``out=``
+#: the antialiased kernels ``F.interpolate`` dispatches to (by mode), callable with ``out=``
 _AA_OPS = {
     "bicubic": torch._C._nn._upsample_bicubic2d_aa,
     "bilinear": torch._C._nn._upsample_bilinear2d_aa,
@@ -237,39 +248,51 @@ _SCRATCH_MAX_BYTES = 64 << 20
 _scratch = threading.local()
 
 
-def _scratch_view(slot: str, channels: int, height: int, width: int) -> torch.Tensor | None:
-    """A ``1 x C x H x W`` channels-last view of this thread's buffer ``slot`` (grown on demand),
-    or None when it would be above the size kept."""
+def _scratch_view(slot: str, channels: int, height: int, width: int) -> np.ndarray | None:
+    """An ``H x W x C`` view of this thread's buffer ``slot`` (grown on demand), or None when it
+    would be above the size kept."""
     size = channels * height * width
     if size > _SCRATCH_MAX_BYTES:
         return None
     buffer = getattr(_scratch, slot, None)
-    if buffer is None or buffer.numel() < size:
-        buffer = torch.empty(size, dtype=torch.uint8)
+    if buffer is None or buffer.size < size:
+        buffer = np.empty(size, dtype=np.uint8)
         setattr(_scratch, slot, buffer)
-    return buffer[:size].view(1, height, width, channels).permute(0, 3, 1, 2)
+    return buffer[:size].reshape(height, width, channels)
 
 
 def _resize_into_scratch(
-    chw: torch.Tensor, height: int, width: int, op: Any
-) -> torch.Tensor | None:
-    """``chw`` resized with ``op`` into this thread's buffers: the horizontal and vertical passes
-    run as two calls, as the fused kernel runs them (uint8 in between, the same weights), so the
-    values are the same. None when a buffer would be too large."""
-    c, h, _ = chw.shape
-    src = chw.unsqueeze(0)
-    if not src.is_contiguous(memory_format=torch.channels_last):
+    image: np.ndarray, height: int, width: int, mode: str
+) -> np.ndarray | None:
+    """A uint8 ``H x W x C`` array (C-contiguous, 3 or 4 channels) resized into this thread's
+    buffers (an ``H x W x C`` view of them): the horizontal and vertical passes run as two calls
+    of the antialiased kernel of ``mode``, as the fused kernel runs them (uint8 in between, the
+    same weights), so the values are the same. None when the input does not qualify or a buffer
+    would be too large.
+
+    The kernel reads and writes channels-last ``1 x C x H x W`` tensors, which are numpy views
+    here: the only torch calls are the two passes (each releases the GIL while it computes).
+    """
+    if image.ndim != 3 or image.shape[2] not in (3, 4) or not image.flags.c_contiguous:
         return None  # the kernel would repack it anyway
+    op = _AA_OPS[mode]
+    h, _, c = image.shape
+    src = image
     # horizontal first, then vertical: the order (and uint8 rounding between) of the fused kernel
     for slot, size in (("horizontal", (h, width)), ("vertical", (height, width))):
-        if tuple(src.shape[-2:]) == size:
+        if src.shape[:2] == size:
             continue
         out = _scratch_view(slot, c, *size)
         if out is None:
             return None
-        op(src, size, False, None, None, out=out)
+        op(_nchw(src), size, False, None, None, out=_nchw(out))
         src = out
-    return src[0]
+    return src
+
+
+def _nchw(hwc: np.ndarray) -> torch.Tensor:
+    """The ``1 x C x H x W`` channels-last tensor view of an ``H x W x C`` array."""
+    return as_tensor_view(hwc[None].transpose(0, 3, 1, 2))
 
 
 def hf_backend_normalize(
@@ -308,7 +331,9 @@ def patchify(
     order = (1, 4, 2, 5, 0, 3, 6)  # gh/m, gw/m, m, m, C, P, P
     rows = (gh * gw, c * temporal_patch_size * p * p)
     if temporal_patch_size == 1 and numpy_copyable(chw):
-        return copy_permuted(chw.reshape(c, gh // m, m, p, gw // m, m, p), order, rows)
+        # reshaped in numpy: a torch reshape would release the GIL for a view
+        windows = chw.numpy().reshape(c, gh // m, m, p, gw // m, m, p)
+        return torch.from_numpy(permuted_copy(windows, order, rows))
     x = chw.reshape(c, gh // m, m, p, gw // m, m, p).permute(order)
     x = x.unsqueeze(5).expand(-1, -1, -1, -1, -1, temporal_patch_size, -1, -1)
     return x.reshape(rows)
@@ -340,14 +365,19 @@ def numpy_copyable(tensor: torch.Tensor) -> bool:
 
 
 def copy_permuted(x: torch.Tensor, order: Sequence[int], shape: Sequence[int]) -> torch.Tensor:
-    """``x.permute(order).reshape(shape)`` as a contiguous CPU tensor, copied by numpy (a view
-    of ``x`` only when the permuted view is contiguous already): patch layouts move runs of a
-    patch's width (14 bytes), where numpy's strided copy is about twice torch's."""
-    a = x.numpy()
+    """``x.permute(order).reshape(shape)`` as a contiguous CPU tensor, copied by numpy
+    (:func:`permuted_copy`)."""
+    return torch.from_numpy(permuted_copy(x.numpy(), order, shape))
+
+
+def permuted_copy(a: np.ndarray, order: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+    """``a.transpose(order).reshape(shape)`` as a C-contiguous array (``a`` itself when that
+    view is contiguous already): patch layouts move runs of a patch's width (14 bytes), where
+    numpy's strided copy is about twice torch's."""
     if a.ndim and order[-1] == a.ndim - 1 and a.size and a.strides[-1] == a.itemsize:
         # The last axis stays last: copy each run as one opaque element, so numpy's inner loop
         # strides over runs instead of restarting per run (half the time of a 14-byte run).
         run = np.dtype((np.void, a.shape[-1] * a.itemsize))
         runs = a.view(run)[..., 0].transpose(order[:-1])
-        return torch.from_numpy(np.ascontiguousarray(runs).view(a.dtype).reshape(shape))
-    return torch.from_numpy(np.ascontiguousarray(a.transpose(order)).reshape(shape))
+        return np.ascontiguousarray(runs).view(a.dtype).reshape(shape)
+    return np.ascontiguousarray(a.transpose(order)).reshape(shape)

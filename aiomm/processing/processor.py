@@ -358,7 +358,10 @@ class BaseMultiModalProcessor:
         if self.device_normalize:
             for key in ("pixel_values", "pixel_values_videos"):
                 if key in data:
-                    data[key] = check_uint8_exact(key, torch.as_tensor(data[key]))
+                    value = data[key]
+                    if not isinstance(value, torch.Tensor):
+                        value = torch.as_tensor(value)
+                    data[key] = check_uint8_exact(key, value)
         return data
 
     # ------------------------------------------------------------------ per-model hooks

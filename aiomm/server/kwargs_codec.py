@@ -22,6 +22,8 @@ import numpy as np
 import pybase64
 import torch
 
+from aiomm.processing.image_ops import numpy_copyable
+
 __all__ = (
     "Field",
     "TensorValue",
@@ -94,10 +96,23 @@ class TensorValue:
 
 def tensor_wire(tensor: torch.Tensor) -> list[Any]:
     """``[dtype, shape, ext]`` of a CPU tensor; the ext shares the tensor's memory when it can."""
-    t = tensor.detach().contiguous()
-    dtype = str(t.dtype).removeprefix("torch.")
-    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
-    return [dtype, list(t.shape), msgspec.msgpack.Ext(_EXT_TENSOR, memoryview(raw))]
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    raw = _c_order_bytes(tensor)
+    return [dtype, list(tensor.shape), msgspec.msgpack.Ext(_EXT_TENSOR, memoryview(raw))]
+
+
+def _c_order_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values in C order as a flat uint8 array (its own memory when contiguous).
+
+    numpy does the views where it can: every torch call releases the GIL, and a worker thread
+    then waits to get it back (:mod:`aiomm.processing.image_ops`).
+    """
+    if not tensor.numel():
+        return np.empty(0, np.uint8)
+    if numpy_copyable(tensor):
+        return np.ascontiguousarray(tensor.numpy()).reshape(-1).view(np.uint8)
+    t = tensor.detach().contiguous()  # bfloat16: numpy has no such dtype
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
 def _doc(entries: Mapping[str, tuple[Any, Field]]) -> dict[str, Any]:
@@ -201,9 +216,8 @@ def encode_item_pieces(entries: Mapping[str, tuple[Any, Field]]) -> list[bytes]:
         if isinstance(value, torch.Tensor):
             if value.numel() * value.element_size() < _SPLICE_BYTES:
                 return tensor_wire(value)
-            t = value.detach().contiguous()
-            spliced.append(t.reshape(-1).view(torch.uint8).numpy())
-            return [str(t.dtype).removeprefix("torch."), list(t.shape), _MARK_EXT]
+            spliced.append(_c_order_bytes(value))
+            return [str(value.dtype).removeprefix("torch."), list(value.shape), _MARK_EXT]
         if isinstance(value, WireRows):
             spliced.append(value.array)
             return [value.dtype, value.shape, _MARK_EXT]

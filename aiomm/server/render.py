@@ -35,7 +35,7 @@ from aiomm.processing.fields import (
     MultiModalKwargsItem,
     PaddedImageField,
 )
-from aiomm.processing.image_ops import NUMPY_VIEWABLE_DTYPES
+from aiomm.processing.image_ops import NUMPY_VIEWABLE_DTYPES, numpy_copyable
 from aiomm.types import Request, Result
 from aiomm.video import VideoInfo, decode_video, sampled_bytes
 
@@ -590,9 +590,19 @@ def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype |
     """``item[key]`` as vLLM's item holds it (repeated rows as a view the codec expands)."""
     value = item.data[key]
     config = item.fields[key]
-    if float_dtype is not None and isinstance(value, torch.Tensor) and value.is_floating_point():
+    # dtype attributes and numpy views, not torch calls: each torch call releases the GIL
+    # (aiomm.processing.image_ops' module docstring), and this runs once per item and response
+    if (
+        float_dtype is not None
+        and isinstance(value, torch.Tensor)
+        and value.dtype.is_floating_point
+        and value.dtype != float_dtype
+    ):
         value = value.to(float_dtype)  # as vLLM's processor output (BatchFeature's rule)
     if isinstance(value, torch.Tensor) and config.repeat is not None:
+        if numpy_copyable(value):
+            name = str(value.dtype).removeprefix("torch.")
+            return WireRows(config.repeat.expand_array(value.numpy()), name)
         view = config.repeat.expand(value)
         if not view.is_cuda:
             # the layout is the field's (Repeat.expand); the codec writes it blockwise. numpy

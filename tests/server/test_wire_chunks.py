@@ -25,6 +25,12 @@ FLAT = Field("flat", {"keep_on_cpu": False, "slices": [[[0, 5, None]]], "dim": 0
 BATCHED = Field("batched", {"keep_on_cpu": True})
 
 
+def _torch_wire(t: torch.Tensor) -> list:
+    """A tensor's ``[dtype, shape, ext]`` made with torch alone (the codec's views are numpy's)."""
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return [str(t.dtype).removeprefix("torch."), list(t.shape), msgspec.msgpack.Ext(3, raw)]
+
+
 def _reference(entries: dict) -> bytes:
     """One msgspec document with every tensor copied in, then base64: the plain encoder."""
     doc = {}
@@ -33,7 +39,7 @@ def _reference(entries: dict) -> bytes:
             raw = np.ascontiguousarray(value.array).tobytes()
             value = [value.dtype, value.shape, msgspec.msgpack.Ext(3, raw)]
         elif isinstance(value, torch.Tensor):
-            value = tensor_wire(value)
+            value = _torch_wire(value)
         doc[key] = {"data": value, "field": fld.wire()}
     return pybase64.b64encode(msgspec.msgpack.encode(doc))
 
@@ -70,6 +76,41 @@ def test_a_large_repeated_item_decodes_to_the_expanded_rows() -> None:
     value, _ = decode_item(b"".join(pieces).decode())["pixel_values"]
     assert value.shape == (5000, 1176)
     np.testing.assert_array_equal(value.array(), np.ascontiguousarray(view).reshape(5000, -1))
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(24, dtype=torch.int64).reshape(4, 6).t(),  # not contiguous
+        torch.tensor([True, False, True]),
+        torch.zeros(0, 3, dtype=torch.float32),
+        torch.tensor(7, dtype=torch.int32),  # 0-d
+        torch.randn(3, 5).to(torch.bfloat16)[:, ::2],  # no numpy dtype, not contiguous
+        torch.randn(2, 3, dtype=torch.float64, requires_grad=True),
+    ],
+)
+def test_tensor_wire_is_the_c_order_bytes(tensor: torch.Tensor) -> None:
+    got = tensor_wire(tensor)
+    want = _torch_wire(tensor)
+    assert got[:2] == want[:2]
+    assert bytes(got[2].data) == want[2].data
+
+
+def test_encoding_a_qwen_vl_item_makes_no_torch_call_that_releases_the_gil() -> None:
+    """The render server encodes every response's items in worker threads: a torch call there
+    releases the GIL, and the thread then waits to get it back (image_ops' module docstring)."""
+    from torch_calls import NO_GIL_RELEASE, torch_calls
+
+    from aiomm.adapters import build_processor
+    from aiomm.server.render import encode_items
+
+    pixels = np.random.default_rng(3).integers(0, 256, (100, 130, 3), dtype=np.uint8)
+    items = build_processor("qwen2-vl").process_items({"image": [pixels]}, {})["image"]
+    encode_items(items)
+    (pieces, meta), calls = torch_calls(lambda: encode_items(items))
+    assert pieces and meta
+    releasing = {name: n for name, n in calls.items() if name not in NO_GIL_RELEASE}
+    assert releasing == {}, f"torch calls that release the GIL: {releasing}"
 
 
 def test_wire_rows_shape_keeps_the_row_width_when_empty() -> None:
