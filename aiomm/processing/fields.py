@@ -70,7 +70,7 @@ class Repeat(NamedTuple):
 
         :raises ProcessingError: rows that do not split into ``blocks`` equal blocks.
         """
-        if value.ndim != 2 or value.shape[1] % self.blocks:
+        if self.blocks < 1 or self.times < 1 or value.ndim != 2 or value.shape[1] % self.blocks:
             raise ProcessingError(
                 f"rows of shape {list(value.shape)} do not split into {self.blocks} equal blocks"
             )
@@ -176,8 +176,8 @@ class MultiModalFieldConfig(FieldConfig):
         """
         if self.kind is FieldKind.BATCHED:
             if isinstance(value, torch.Tensor):
-                # indexing, not list(): iterating a tensor unbinds it, a torch op that releases
-                # the GIL (aiomm.processing.image_ops' module docstring)
+                # indexing, not list(): iterating a tensor calls unbind, which releases the GIL
+                # (image_ops' module docstring); indexing showed no GIL waits under perf sched
                 return [value[i] for i in range(len(value))]
             return list(value)
         if self.kind is FieldKind.SHARED:

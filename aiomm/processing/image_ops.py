@@ -273,7 +273,12 @@ def _resize_into_scratch(
     The kernel reads and writes channels-last ``1 x C x H x W`` tensors, which are numpy views
     here: the only torch calls are the two passes (each releases the GIL while it computes).
     """
-    if image.ndim != 3 or image.shape[2] not in (3, 4) or not image.flags.c_contiguous:
+    if (
+        image.dtype != np.uint8
+        or image.ndim != 3
+        or image.shape[2] not in (3, 4)
+        or not image.flags.c_contiguous
+    ):
         return None  # the kernel would repack it anyway
     op = _AA_OPS[mode]
     h, _, c = image.shape
@@ -356,7 +361,8 @@ NUMPY_VIEWABLE_DTYPES = frozenset(
 
 
 def numpy_copyable(tensor: torch.Tensor) -> bool:
-    """Whether :func:`copy_permuted` can copy ``tensor`` with numpy."""
+    """Whether ``tensor.numpy()`` shares its memory (a CPU tensor of a dtype numpy has, no grad):
+    the numpy paths of :func:`copy_permuted`, the scratch resize and the wire encoding."""
     return (
         tensor.device.type == "cpu"
         and tensor.dtype in NUMPY_VIEWABLE_DTYPES
@@ -371,8 +377,8 @@ def copy_permuted(x: torch.Tensor, order: Sequence[int], shape: Sequence[int]) -
 
 
 def permuted_copy(a: np.ndarray, order: Sequence[int], shape: Sequence[int]) -> np.ndarray:
-    """``a.transpose(order).reshape(shape)`` as a C-contiguous array (``a`` itself when that
-    view is contiguous already): patch layouts move runs of a patch's width (14 bytes), where
+    """``a.transpose(order).reshape(shape)`` as a C-contiguous array (a view of ``a`` when that
+    is contiguous already): patch layouts move runs of a patch's width (14 bytes), where
     numpy's strided copy is about twice torch's."""
     if a.ndim and order[-1] == a.ndim - 1 and a.size and a.strides[-1] == a.itemsize:
         # The last axis stays last: copy each run as one opaque element, so numpy's inner loop

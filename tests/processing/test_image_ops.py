@@ -166,3 +166,11 @@ def test_scratch_resize_of_padded_pixels_equals_resize_of_three_channels() -> No
     out = resize(view, 336, 784, Resample.BICUBIC, Backend.TORCHVISION, scratch=True)
     expected = resize(np.ascontiguousarray(view), 336, 784, Resample.BICUBIC, Backend.TORCHVISION)
     assert out.shape == (3, 336, 784) and torch.equal(out, expected)
+
+
+def test_scratch_resize_of_a_float_image_falls_back_to_interpolate() -> None:
+    """The scratch buffers hold uint8: any other dtype takes the plain path, not an error."""
+    hwc = np.random.default_rng(6).random((30, 40, 3), dtype=np.float32)
+    chw = torch.from_numpy(hwc).permute(2, 0, 1)
+    out = resize_chw(chw, 20, 50, Resample.BICUBIC, scratch=True)
+    assert out.dtype == torch.float32 and torch.equal(out, interpolated(chw, 20, 50, "bicubic"))

@@ -21,13 +21,16 @@ def decoded(height: int, width: int, seed: int) -> np.ndarray:
     return rng.integers(0, 256, (height, width, 4), dtype=np.uint8)[:, :, :3]
 
 
+@pytest.mark.parametrize("writable", [True, False])
 @pytest.mark.parametrize(("height", "width"), [(480, 640), (777, 333), (28, 28)])
-def test_qwen_vl_transform_calls_torch_only_to_resize(height: int, width: int) -> None:
+def test_qwen_vl_transform_calls_torch_only_to_resize(
+    height: int, width: int, writable: bool
+) -> None:
     processor = build_processor("qwen2-vl")
     processor.process_items({"image": [decoded(50, 60, 0)]}, {})  # builds its tables once
-    items, calls = torch_calls(
-        lambda: processor.process_items({"image": [decoded(height, width, 1)]}, {})
-    )
+    pixels = decoded(height, width, 1)
+    pixels.base.flags.writeable = writable  # Pillow's own pixel bytes are read-only
+    items, calls = torch_calls(lambda: processor.process_items({"image": [pixels]}, {}))
     item = items["image"][0]
     assert item.data["pixel_values"].dtype == torch.uint8
     releasing = {name: n for name, n in calls.items() if name not in NO_GIL_RELEASE}
@@ -47,3 +50,7 @@ def test_the_numpy_repeat_is_the_torch_repeat() -> None:
         repeat.expand_array(np.zeros((5, 13), np.uint8))
     with pytest.raises(ProcessingError, match="do not split into 3 equal blocks"):
         repeat.expand_array(np.zeros(12, np.uint8))
+    with pytest.raises(ProcessingError, match="do not split into 0 equal blocks"):
+        Repeat(blocks=0, times=2).expand_array(np.zeros((5, 12), np.uint8))
+    with pytest.raises(ProcessingError):
+        Repeat(blocks=3, times=0).expand_array(np.zeros((5, 12), np.uint8))

@@ -1,5 +1,8 @@
 """Which torch functions a piece of code calls (``sys.setprofile``): every torch call releases
-the GIL, even one that only makes a view, so worker-thread paths are checked for them."""
+the GIL, even one that only makes a view, so worker-thread paths are checked for them.
+
+The profile sees calls of C functions and methods (``t.reshape(...)``, ``torch.tensor(...)``),
+not torch reached through syntax (indexing, arithmetic operators, ``.T``) nor deallocation."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ __all__ = ("NO_GIL_RELEASE", "torch_calls")
 NO_GIL_RELEASE = frozenset(
     {
         "from_numpy",
-        "from_dlpack",
+        "_from_dlpack",  # torch.from_dlpack's C half (read-only arrays)
         "numpy",
         "tolist",
         "dim",
