@@ -4,8 +4,8 @@ Every function here keeps pixels in uint8 and spends its time in Pillow or torch
 release the GIL, so worker threads scale with cores. Views and bookkeeping are numpy's: every
 torch call releases the GIL, even one that only makes a view, and a worker thread that gives the
 GIL up waits to get it back (under the render server's load, about 0.4 ms on average, often
-behind the event loop). Each mirrors the exact operation one HF
-image-processor backend performs, so the results are equal bit for bit:
+behind the event loop). Each function mirrors the exact operation one HF image-processor backend
+performs, so the results are equal bit for bit:
 
 - PIL backend (``*Pil`` classes): ``PIL.Image.resize`` on the RGB image;
 - torchvision backend: ``torch.nn.functional.interpolate`` on a contiguous uint8 CHW tensor with

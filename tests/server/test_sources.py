@@ -34,6 +34,16 @@ def _body(url: str) -> dict[str, Any]:
     return body
 
 
+def _recorded(model_folder: Path, fetch: FetchConfig) -> ServerConfig:
+    """The server of the recorded fixtures' model, with ``fetch`` as its URL policy."""
+    return ServerConfig(
+        model=str(model_folder),
+        model_id=RECORDED_MODEL,
+        served_model_names=(RECORDED_MODEL,),
+        engine=EngineConfig(device="cpu", fetch=fetch),
+    )
+
+
 def test_file_url_under_the_allowed_root(live_server: Any) -> None:
     path = live_server.media / "photo.jpg"
     path.write_bytes(JPEG)
@@ -57,13 +67,7 @@ def test_http_url_when_the_policy_allows_it(model_folder: Path) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    engine = EngineConfig(device="cpu", fetch=FetchConfig(allow_loopback=True))
-    config = ServerConfig(
-        model=str(model_folder),
-        model_id=RECORDED_MODEL,
-        served_model_names=(RECORDED_MODEL,),
-        engine=engine,
-    )
+    config = _recorded(model_folder, FetchConfig(allow_loopback=True))
     try:
         with LiveServer(config) as server:
             url = f"http://127.0.0.1:{httpd.server_address[1]}/photo.jpg"
@@ -105,13 +109,7 @@ def test_client_disconnect_cancels_the_render(model_folder: Path) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    engine = EngineConfig(device="cpu", fetch=FetchConfig(allow_loopback=True))
-    config = ServerConfig(
-        model=str(model_folder),
-        model_id=RECORDED_MODEL,
-        served_model_names=(RECORDED_MODEL,),
-        engine=engine,
-    )
+    config = _recorded(model_folder, FetchConfig(allow_loopback=True))
     try:
         with LiveServer(config) as server:
             url = f"http://127.0.0.1:{httpd.server_address[1]}/slow.jpg"
@@ -142,14 +140,8 @@ def test_data_url_above_the_fetch_limit_is_refused_and_one_at_it_renders(
     model_folder: Path,
 ) -> None:
     def served(limit: int) -> httpx.Response:
-        engine = EngineConfig(device="cpu", fetch=FetchConfig(max_bytes=limit))
-        config = ServerConfig(
-            model=str(model_folder),
-            model_id=RECORDED_MODEL,
-            served_model_names=(RECORDED_MODEL,),
-            engine=engine,
-        )
-        with TestClient(create_app(config)) as client:
+        app = create_app(_recorded(model_folder, FetchConfig(max_bytes=limit)))
+        with TestClient(app) as client:
             return client.post(CASE["path"], json=CASE["body"])
 
     refused = served(len(JPEG) - 100)
