@@ -35,7 +35,7 @@ from aiomm.processing.fields import (
     MultiModalKwargsItem,
     PaddedImageField,
 )
-from aiomm.processing.image_ops import NUMPY_VIEWABLE_DTYPES, numpy_copyable
+from aiomm.processing.image_ops import numpy_copyable
 from aiomm.types import Request, Result
 from aiomm.video import VideoInfo, decode_video, sampled_bytes
 
@@ -600,18 +600,13 @@ def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype |
     ):
         value = value.to(float_dtype)  # as vLLM's processor output (BatchFeature's rule)
     if isinstance(value, torch.Tensor) and config.repeat is not None:
-        if numpy_copyable(value):
+        # the layout is the field's (Repeat.expand_array); the codec writes it blockwise. numpy
+        # has no bfloat16: its words go as int16, the bytes are the same
+        raw = value.view(torch.int16) if value.dtype == torch.bfloat16 else value
+        if numpy_copyable(raw):
             name = str(value.dtype).removeprefix("torch.")
-            return WireRows(config.repeat.expand_array(value.numpy()), name)
-        view = config.repeat.expand(value)
-        if not view.is_cuda:
-            # the layout is the field's (Repeat.expand); the codec writes it blockwise. numpy
-            # has no bfloat16: its words go as int16, the bytes are the same
-            name = str(view.dtype).removeprefix("torch.")
-            raw = view.view(torch.int16) if view.dtype == torch.bfloat16 else view
-            if raw.dtype in NUMPY_VIEWABLE_DTYPES:
-                return WireRows(raw.numpy(), name)
-        return view.reshape(value.shape[0], -1)
+            return WireRows(config.repeat.expand_array(raw.numpy()), name)
+        return config.repeat.expand(value).reshape(value.shape[0], -1)
     return value
 
 
