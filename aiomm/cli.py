@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--upstream", help="URL of `vllm serve --tokens-only` (gateway mode)")
     serve.add_argument("--workers", type=int, default=1, help="server processes")
+    serve.add_argument(
+        "--no-peer-cache",
+        action="store_true",
+        help="with --workers: each worker caches only its own items (default: a worker that "
+        "misses copies the item from the worker that computed it)",
+    )
     serve.add_argument("--served-model-name", nargs="*", default=[], help="names clients use")
     serve.add_argument(
         "--model-id", help="id items are hashed with: the path vLLM was given (default: model)"
@@ -160,7 +166,19 @@ def _serve(args: argparse.Namespace) -> int:
         allowed_local_media_path=args.allowed_local_media_path,
         shared_cache_url=args.shared_cache,
     )
-    serve(config, host=args.host, port=args.port, workers=args.workers)
+    try:
+        serve(
+            config,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            peer_cache=not args.no_peer_cache,
+        )
+    except OSError as exc:  # the workers' address (one process: uvicorn reports it itself)
+        print(f"aiomm serve: cannot listen on {args.host}:{args.port}: {exc}")
+        return 2
+    except SystemExit as exc:  # a worker failed at its start
+        return int(exc.code or 0)
     return 0
 
 

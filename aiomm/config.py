@@ -371,6 +371,10 @@ class EngineConfig:
     #: (``redis://HOST:PORT/DB``); None keeps the cache per process
     shared_cache_url: str | None = None
     shared_cache: SharedCacheConfig = field(default_factory=SharedCacheConfig)
+    #: a directory the worker processes of one host share (``aiomm serve --workers N`` makes
+    #: one): a worker that misses copies the item from the worker that computed it
+    #: (:mod:`aiomm.peer_cache`). Not used with ``shared_cache_url``, which already shares items.
+    peer_cache_dir: str | None = None
     #: key items by ``Request.image_hashes`` when given (a hit skips the download); False hashes
     #: every image's content instead, for callers that do not trust their clients
     trust_supplied_hashes: bool = True
@@ -425,6 +429,11 @@ class EngineConfig:
                     f"EngineConfig.{name} must be a {expected.__name__}, got {type(value).__name__}"
                 )
         _check_redis_url(self.shared_cache_url)
+        if self.peer_cache_dir is not None and not isinstance(self.peer_cache_dir, str):
+            raise ConfigError(
+                "EngineConfig.peer_cache_dir must be a str path or None, got "
+                f"{type(self.peer_cache_dir).__name__}"
+            )
         if not isinstance(self.trust_supplied_hashes, bool):
             raise ConfigError(
                 "EngineConfig.trust_supplied_hashes must be a bool, got "

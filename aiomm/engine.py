@@ -33,6 +33,7 @@ from aiomm.fetch import MediaFetcher
 from aiomm.item_cache import ItemCache, SecondTier
 from aiomm.logging import get_logger
 from aiomm.memory import tune_malloc
+from aiomm.peer_cache import PeerItemCache
 from aiomm.pipeline import Pipeline
 from aiomm.processing.processor import BaseMultiModalProcessor
 from aiomm.stages import (
@@ -245,6 +246,15 @@ class Engine:
             # pinned allocation is slow and takes locks: do it before the first request
             await self.device.pool.preallocate()
         self._stack, self._tg = stack, tg
+        item_cache = ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared)
+        if isinstance(shared, PeerItemCache):
+            try:
+                await shared.start(item_cache.peek)
+            except OSError as exc:
+                await self.aclose()
+                raise ConfigError(
+                    f"EngineConfig.peer_cache_dir {cfg.peer_cache_dir!r} cannot be served: {exc}"
+                ) from exc
         self._pipeline = Pipeline(
             load=LoadStage(fetcher, cfg.fetch_concurrency),
             hash=HashStage(
@@ -255,7 +265,7 @@ class Engine:
                 max_video_bytes=cfg.decode.max_video_bytes,
             ),
             cache=CacheStage(
-                ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared),
+                item_cache,
                 # fast and exact items differ: they never share a cache entry
                 fingerprint=self._fingerprint
                 + ("" if self.fidelity == "exact" else f":{self.fidelity}"),
@@ -282,14 +292,19 @@ class Engine:
         return self
 
     async def _open_shared_cache(self, stack: contextlib.AsyncExitStack) -> SecondTier | None:
-        """The Redis tier of ``shared_cache_url`` (closed by ``stack`` after the task group), or
-        None. Redis being down is logged, not raised: the engine computes locally meanwhile.
+        """The Redis tier of ``shared_cache_url`` (closed by ``stack`` after the task group), else
+        the worker tier of ``peer_cache_dir`` (started once the item cache exists), or None.
+        Redis being down is logged, not raised: the engine computes locally meanwhile.
 
         :raises ConfigError: if the ``redis`` client is not installed.
         """
         url = self.config.shared_cache_url
         if url is None:
-            return None
+            if self.config.peer_cache_dir is None:
+                return None
+            peer = PeerItemCache(self.config.peer_cache_dir)
+            stack.push_async_callback(peer.aclose)
+            return peer
         try:
             from aiomm.shared_cache import SharedItemCache
         except ImportError as exc:

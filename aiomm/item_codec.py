@@ -11,7 +11,8 @@ Nothing in a value is executed: no pickle, dtypes come from an allow list, field
 fixed set of types, and every offset and length is checked against the payload. The digest makes
 a truncated or altered value a :class:`~aiomm.errors.CacheValueError`, never a wrong item.
 
-Decoded tensors share one writable copy of the value (one allocation per item).
+Decoded tensors share one writable copy of the value (one allocation per item), or the bytearray
+the caller hands over (``decode_item(..., take=True)``).
 """
 
 from __future__ import annotations
@@ -113,8 +114,13 @@ def encode_item(item: MultiModalKwargsItem) -> bytes:
     return b"".join([prefix, header, *chunks])
 
 
-def decode_item(blob: bytes | bytearray | memoryview) -> MultiModalKwargsItem:
+def decode_item(
+    blob: bytes | bytearray | memoryview, *, take: bool = False
+) -> MultiModalKwargsItem:
     """Read an item written by :func:`encode_item`.
+
+    ``take``: ``blob`` is a bytearray the caller gives up; the tensors view it instead of a
+    copy of its payload.
 
     :raises CacheValueError: a value that is truncated, altered, of another format version, or
         that names a dtype, field type or range the format does not allow.
@@ -134,8 +140,12 @@ def decode_item(blob: bytes | bytearray | memoryview) -> MultiModalKwargsItem:
         raise CacheValueError("item digest mismatch: the value is truncated or altered")
     try:
         header = json.loads(bytes(body[:header_len]))
-        # One writable copy shared by the tensors (torch refuses read-only buffers silently).
-        payload = bytearray(body[header_len:])
+        # One writable buffer shared by the tensors (torch refuses read-only buffers silently).
+        payload: bytearray | memoryview
+        if take and isinstance(blob, bytearray):
+            payload = body[header_len:]
+        else:
+            payload = bytearray(body[header_len:])
         data = {k: _value_from_json(k, v, payload) for k, v in header["data"].items()}
         fields = {k: _field_from_json(v) for k, v in header["fields"].items()}
         modality = header["modality"]
@@ -151,7 +161,7 @@ def decode_item(blob: bytes | bytearray | memoryview) -> MultiModalKwargsItem:
     return MultiModalKwargsItem(modality, data, fields, prompt_data)
 
 
-def _value_from_json(key: str, spec: dict[str, Any], payload: bytearray) -> Any:
+def _value_from_json(key: str, spec: dict[str, Any], payload: bytearray | memoryview) -> Any:
     if "json" in spec:
         return spec["json"]
     dtype = _DTYPES.get(spec["tensor"])

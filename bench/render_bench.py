@@ -369,11 +369,28 @@ def _combine(results: list[LevelResult]) -> list[LevelResult]:
     return out
 
 
+def listening_sockets(port: int) -> int:
+    """TCP sockets listening on ``port`` (Linux ``/proc/net``; elsewhere 1)."""
+    count, tables = 0, [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not tables[0].exists():
+        return 1
+    for table in tables:
+        if table.exists():
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()
+                count += int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A"
+    return count
+
+
 class Server:
     """A server subprocess on a free loopback port, stopped with SIGTERM."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], port: int, log: Path) -> None:
+    def __init__(
+        self, cmd: list[str], env: dict[str, str], port: int, log: Path, listeners: int = 1
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+        self.listeners = listeners  # worker processes: each listens on the port itself
         self.log = log.open("wb")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -385,7 +402,8 @@ class Server:
                     f"server exited with {self.proc.returncode}; see {self.log.name}"
                 )
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                healthy = httpx.get(self.url + "/health", timeout=1).status_code == 200
+                if healthy and listening_sockets(self.port) >= self.listeners:
                     return self
             except httpx.HTTPError:
                 pass
@@ -445,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         str(args.workers),
     ]
     with contextlib.ExitStack() as stack:
-        started = stack.enter_context(Server(aiomm, env, port, logs / "aiomm.log"))
+        started = stack.enter_context(Server(aiomm, env, port, logs / "aiomm.log", args.workers))
         servers = {"aiomm": (started.url + "/v1/chat/completions/render", started.proc.pid)}
         if args.vllm_venv:
             port = _free_port()

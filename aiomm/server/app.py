@@ -61,6 +61,9 @@ class ServerConfig:
     #: a Redis item cache shared by every replica (``redis://HOST:PORT/DB``; see
     #: ``EngineConfig.shared_cache_url``), set on the engine's configuration
     shared_cache_url: str | None = None
+    #: the directory the workers of ``--workers N`` share items through (``serve`` makes it;
+    #: see ``EngineConfig.peer_cache_dir``), set on the engine's configuration
+    peer_cache_dir: str | None = None
     #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None
 
@@ -109,6 +112,8 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
         engine_cfg = replace(engine_cfg, return_items=True)
     if config.shared_cache_url:
         engine_cfg = replace(engine_cfg, shared_cache_url=config.shared_cache_url)
+    if config.peer_cache_dir:
+        engine_cfg = replace(engine_cfg, peer_cache_dir=config.peer_cache_dir)
     root = config.allowed_local_media_path
     fetch_cfg = engine_cfg.fetch
     if root:

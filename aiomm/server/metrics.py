@@ -6,6 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from aiomm.peer_cache import PeerCacheStatistics
+
 __all__ = ("ServerMetrics",)
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -60,6 +62,13 @@ class ServerMetrics:
         self.shared_cache_up = Gauge(
             "aiomm_shared_cache_available", "1 while the Redis tier is in use", registry=r
         )
+        self.peer_cache = Gauge(
+            "aiomm_peer_cache_events_total_engine",
+            "Worker tier (--workers N): items read from peers, misses, errors, items served, "
+            "bytes, links held",
+            ["event"],
+            registry=r,
+        )
 
     def observe_timings(self, timings: dict[str, float]) -> None:
         for stage, seconds in timings.items():
@@ -77,7 +86,10 @@ class ServerMetrics:
                 if isinstance(value, int):
                     self.cache_total.labels(event).set(value)
             shared = getattr(cache, "shared", None)
-            if shared is not None:
+            if isinstance(shared, PeerCacheStatistics):
+                for event, value in vars(shared).items():
+                    self.peer_cache.labels(event).set(value)
+            elif shared is not None:
                 self.shared_cache_up.set(1 if shared.available else 0)
                 for event, value in vars(shared).items():
                     if isinstance(value, int) and not isinstance(value, bool):

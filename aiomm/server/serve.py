@@ -1,17 +1,20 @@
 """Running the app: uvicorn with uvloop and :class:`.RenderHttpProtocol` (httptools, large
-bodies written outside the GIL), one process or ``--workers N``.
+bodies written outside the GIL), one process or ``--workers N`` (:mod:`.workers`: a listening
+socket per worker).
 
-With several workers uvicorn imports :func:`app_from_env` in each process; the configuration
-travels in the ``AIOMM_SERVE_CONFIG`` environment variable (JSON). uvicorn drains in-flight
-requests on SIGTERM (``timeout_graceful_shutdown``) and then runs the lifespan's shutdown, which
-closes the engine.
+With several workers each process imports :func:`app_from_env`; the configuration travels in the
+``AIOMM_SERVE_CONFIG`` environment variable (JSON). uvicorn drains in-flight requests on SIGTERM
+(``timeout_graceful_shutdown``) and then runs the lifespan's shutdown, which closes the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from dataclasses import asdict
+import tempfile
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -22,6 +25,7 @@ from aiomm.memory import prefer_small_pages
 from .app import ServerConfig, create_app
 from .http_protocol import RenderHttpProtocol
 from .render import RenderLimits
+from .workers import run_workers
 
 __all__ = ("app_from_env", "serve")
 
@@ -47,15 +51,20 @@ def app_from_env() -> Starlette:
     return create_app(_from_env(os.environ[_ENV]))
 
 
-def serve(config: ServerConfig, *, host: str, port: int, workers: int = 1) -> None:
-    """Serve ``config`` until SIGINT / SIGTERM (in-flight requests are drained)."""
+def serve(
+    config: ServerConfig, *, host: str, port: int, workers: int = 1, peer_cache: bool = True
+) -> None:
+    """Serve ``config`` until SIGINT / SIGTERM (in-flight requests are drained).
+
+    ``peer_cache``: with several workers and no Redis tier, the workers copy items from each
+    other (:mod:`aiomm.peer_cache`) through a private directory made here (on tmpfs where there
+    is one) and removed at exit.
+    """
     import uvicorn
 
     prefer_small_pages()  # a server's arrays are filled once: small pages cost less
 
     options: dict[str, Any] = {
-        "host": host,
-        "port": port,
         "loop": "uvloop",
         # httptools' C parser (h11, in pure Python, costs milliseconds per megabyte of data
         # URLs), and large bodies written outside the GIL
@@ -64,7 +73,18 @@ def serve(config: ServerConfig, *, host: str, port: int, workers: int = 1) -> No
         "timeout_graceful_shutdown": max(5, int(config.limits.timeout_s)),
     }
     if workers > 1:
-        os.environ[_ENV] = _to_env(config)
-        uvicorn.run("aiomm.server.serve:app_from_env", factory=True, workers=workers, **options)
+        with contextlib.ExitStack() as stack:
+            if peer_cache and not config.shared_cache_url and config.peer_cache_dir is None:
+                shm = Path("/dev/shm")
+                folder = stack.enter_context(
+                    tempfile.TemporaryDirectory(
+                        prefix="aiomm-peers-", dir=shm if shm.is_dir() else None
+                    )
+                )
+                config = replace(config, peer_cache_dir=folder)
+            os.environ[_ENV] = _to_env(config)
+            status = run_workers(host, port, workers, options)
+        if status:
+            raise SystemExit(status)
     else:
-        uvicorn.run(create_app(config), **options)
+        uvicorn.run(create_app(config), host=host, port=port, **options)

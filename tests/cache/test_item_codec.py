@@ -63,6 +63,22 @@ def test_round_trip_every_dtype_and_field_kind() -> None:
     assert len(blob) < item.nbytes() + 2048
 
 
+def test_take_views_the_callers_buffer_and_copies_otherwise() -> None:
+    item = _item()
+    blob = bytearray(encode_item(item))
+    taken, copied = decode_item(blob, take=True), decode_item(blob)
+    _assert_same(item, taken)
+    _assert_same(item, copied)
+    start = np.frombuffer(blob, dtype=np.uint8).ctypes.data
+    for decoded, inside in ((taken, True), (copied, False)):
+        address = decoded.data["pixel_values"].data_ptr()
+        assert (start <= address < start + len(blob)) is inside
+    # bytes cannot be handed over (read-only): take=True still copies
+    frozen = decode_item(bytes(blob), take=True)
+    _assert_same(item, frozen)
+    frozen.data["pixel_values"][0, 0] ^= 1  # writable
+
+
 @pytest.mark.parametrize("name", ["qwen2-vl", "mistral3"])
 def test_round_trip_of_a_real_processor_item(name: str) -> None:
     processor = build_processor(name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -86,12 +87,73 @@ def _cmdline(pid: str) -> str:
         return ""
 
 
+def _tcp(port: int, state: str) -> set[str]:
+    """Socket inodes of the TCP sockets in ``state`` (hex, as /proc/net shows it) whose local
+    port is ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                found.add(fields[9])
+    return found
+
+
+def _established(port: int) -> set[str]:
+    return _tcp(port, "01")
+
+
+def _listening(port: int) -> set[str]:
+    return _tcp(port, "0A")
+
+
+def _socket_inodes(pid: str) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _peer_folder(pid: str) -> Path:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    text = next(e for e in env if e.startswith(b"AIOMM_SERVE_CONFIG="))
+    return Path(json.loads(text.split(b"=", 1)[1])["peer_cache_dir"])
+
+
 def test_serve_workers_start_and_render(model_folder: Path) -> None:
     proc, url = _start(model_folder, "--workers", "2")
     try:
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
         workers = [c for c in children if "spawn_main" in _cmdline(c)]
         assert len(workers) == 2
+        # each worker listens on its own socket (once started): a burst of new connections
+        # reaches both
+        port = int(url.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 120
+        while len(_listening(port)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(_listening(port) & _socket_inodes(pid) for pid in workers)
+        burst = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
+        try:
+            for conn in burst:
+                conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            for conn in burst:
+                assert conn.recv(1024).startswith(b"HTTP/1.1 200")
+            served = _established(port)
+            held = [len(_socket_inodes(pid) & served) for pid in workers]
+        finally:
+            for conn in burst:
+                conn.close()
+        assert sum(held) == 16 and min(held) > 0, held
+        # the workers share items through a private folder, one socket each
+        folder = _peer_folder(workers[0])
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert len([p for p in folder.iterdir() if p.name.endswith(".sock")]) == 2
         case = json.loads(FIXTURE.read_text())
         expected = case["response"]
         for _ in range(4):  # new connections: the kernel hands them to either worker
@@ -101,10 +163,12 @@ def test_serve_workers_start_and_render(model_folder: Path) -> None:
             assert got["token_ids"] == expected["token_ids"]
             for key in ("mm_hashes", "mm_placeholders", "kwargs_data"):
                 assert got["features"][key] == expected["features"][key], key
+        assert any(p.name.startswith("i") for p in folder.iterdir())  # the image's link
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) in (0, -signal.SIGTERM)
         for pid in workers:
             assert not Path(f"/proc/{pid}").exists() or "Z" in _state(pid)
+        assert not folder.exists()
     finally:
         _stop(proc)
 
@@ -160,5 +224,57 @@ def test_serve_process_drains_on_sigterm(model_folder: Path) -> None:
         log = proc.stdout.read().decode() if proc.stdout else ""
         lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
         assert any(x.get("event") == "request" and x.get("status") == 200 for x in lines), log
+    finally:
+        _stop(proc)
+
+
+def test_serve_workers_report_a_taken_port(model_folder: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        exe = Path(sys.executable).with_name("aiomm")
+        done = subprocess.run(
+            [str(exe), "serve", str(model_folder), "--port", str(port), "--workers", "2"],
+            capture_output=True, text=True, timeout=120, env={**os.environ},
+        )  # fmt: skip
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stdout
+
+
+def test_serve_workers_that_fail_at_start_stop_the_server(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("aiomm")
+    done = subprocess.run(
+        [str(exe), "serve", str(tmp_path), "--port", str(free_port()), "--workers", "2"],
+        capture_output=True, text=True, timeout=180, env={**os.environ},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "worker_failed_at_start" in done.stdout + done.stderr
+
+
+def test_serve_restarts_a_worker_that_dies_while_serving(model_folder: Path) -> None:
+    proc, url = _start(model_folder, "--workers", "2")
+    try:
+        port = int(url.rsplit(":", 1)[1])
+
+        def workers() -> list[str]:
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            return [c for c in children if "spawn_main" in _cmdline(c) and _state(c) != "Z"]
+
+        deadline = time.monotonic() + 120
+        while len(_listening(port)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victim = workers()[0]
+        os.kill(int(victim), signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            alive = workers()
+            if victim not in alive and len(alive) == 2 and len(_listening(port)) == 2:
+                break
+            time.sleep(0.2)
+        assert victim not in alive and len(alive) == 2 and len(_listening(port)) == 2
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) in (0, -signal.SIGTERM)
     finally:
         _stop(proc)

@@ -1,0 +1,204 @@
+"""The worker tier (``EngineConfig.peer_cache_dir``): engines sharing a folder copy items from
+each other over real Unix sockets, and every fault of a peer costs only a recomputation.
+
+Engines in one process stand for the workers of ``aiomm serve --workers N``: they share nothing
+but the folder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import aiomm.peer_cache
+from aiomm.config import EngineConfig
+from aiomm.decode import DecodeConfig
+from aiomm.engine import Engine
+from aiomm.errors import ConfigError
+from aiomm.item_cache import CacheOutcome
+from aiomm.peer_cache import PeerItemCache
+from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
+from aiomm.samples import encode, photo_like
+from aiomm.stages import PillowDecoder
+from aiomm.types import Request
+
+PH = "<|vision_start|><|image_pad|><|vision_end|>"
+PROMPT = f"<|im_start|>user describe {PH}<|im_end|>"
+_seeds = iter(range(20_000, 1_000_000))
+
+
+def new_image() -> bytes:
+    return encode(photo_like(np.random.default_rng(next(_seeds)), 64, 80), "PNG")
+
+
+class CountingDecoder(PillowDecoder):
+    def __init__(self) -> None:
+        super().__init__(DecodeConfig())
+        self.decodes = 0
+
+    def decode(self, data: bytes) -> np.ndarray:
+        self.decodes += 1
+        return super().decode(data)
+
+
+def req(data: bytes) -> Request:
+    return Request(prompt=PROMPT, images=[data])
+
+
+def config(folder: Path) -> EngineConfig:
+    return EngineConfig(device="cpu", transform_threads=2, peer_cache_dir=str(folder))
+
+
+def names(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def links(folder: Path) -> dict[str, str]:
+    return {p.name: os.readlink(p) for p in folder.iterdir() if p.name.startswith("i")}
+
+
+def tier(engine: Engine) -> PeerItemCache:
+    second = engine._pipeline.cache.cache.second_tier  # type: ignore[union-attr]
+    assert isinstance(second, PeerItemCache)
+    return second
+
+
+async def test_an_item_computed_by_one_worker_is_copied_by_the_other(
+    make_processor, tmp_path: Path
+) -> None:
+    data = new_image()
+    decoders = CountingDecoder(), CountingDecoder()
+    processor = make_processor()
+    async with (
+        Engine(processor, config(tmp_path), decoder=decoders[0]) as a,
+        Engine(processor, config(tmp_path), decoder=decoders[1]) as b,
+    ):
+        first = await a.process(req(data))
+        announced = links(tmp_path)
+        second = await b.process(req(data))
+        again = await b.process(req(data))
+        stats_a, stats_b = a.stats().cache, b.stats().cache
+        sockets = {tier(a).socket_name, tier(b).socket_name}
+        assert sockets <= names(tmp_path)
+    async with Engine(processor, EngineConfig(device="cpu")) as alone:
+        reference = await alone.process(req(data))
+    assert first.cache == [CacheOutcome.MISS]
+    assert second.cache == [CacheOutcome.SHARED_HIT]
+    assert again.cache == [CacheOutcome.HIT]  # now in b's own cache
+    assert (decoders[0].decodes, decoders[1].decodes) == (1, 0)
+    assert list(announced.values()) == [tier(a).socket_name]
+    for key, value in reference.mm_kwargs.items():
+        assert torch.equal(second.mm_kwargs[key], value), key
+    assert second.prompt_token_ids == reference.prompt_token_ids
+    assert stats_a.shared.misses == 1 and stats_a.shared.served == 1
+    assert stats_b.shared.hits == 1 and stats_b.shared_hits == 1 and stats_b.shared.errors == 0
+    assert stats_b.shared.bytes_read == stats_a.shared.bytes_written > 0
+    assert names(tmp_path) == set()  # closing removed both sockets and a's link
+
+
+async def test_an_item_the_owner_no_longer_holds_is_computed_and_announced_again(
+    make_processor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(aiomm.peer_cache, "_LINK_GRACE_S", 0.0)
+    data = new_image()
+    decoder = CountingDecoder()
+    processor = make_processor()
+    async with (
+        Engine(processor, config(tmp_path)) as a,
+        Engine(processor, config(tmp_path), decoder=decoder) as b,
+    ):
+        first = await a.process(req(data))
+        await a._pipeline.cache.cache.clear()  # type: ignore[union-attr]  # evicted at a
+        second = await b.process(req(data))
+        stats_a, stats_b = a.stats().cache.shared, b.stats().cache.shared
+        now = links(tmp_path)
+        owner = tier(b).socket_name
+    assert second.cache == [CacheOutcome.MISS] and decoder.decodes == 1
+    assert torch.equal(second.pixel_values, first.pixel_values)
+    assert stats_a.served_misses == 1 and stats_a.links == 0
+    assert stats_b.hits == 0 and stats_b.misses == 1 and stats_b.errors == 0
+    assert list(now.values()) == [owner]
+
+
+def _fake_owner(path: Path, reply: bytes) -> threading.Thread:
+    """A peer that answers one request with ``reply``."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def answer() -> None:
+        with server:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(1 << 16)
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    "owner", ["gone", "damaged", "oversize"], ids=["gone", "damaged", "oversize"]
+)
+async def test_a_gone_or_damaged_owner_costs_only_a_recomputation(
+    make_processor, tmp_path: Path, owner: str
+) -> None:
+    data = new_image()
+    decoder = CountingDecoder()
+    processor = make_processor()
+    name = "w1-0badc0de.sock"
+    thread = None
+    if owner == "damaged":
+        thread = _fake_owner(tmp_path / name, b"\x01" + (64).to_bytes(8, "little") + b"x" * 64)
+    elif owner == "oversize":
+        thread = _fake_owner(tmp_path / name, b"\x01" + (1 << 40).to_bytes(8, "little"))
+    async with Engine(processor, EngineConfig(device="cpu")) as alone:
+        reference = await alone.process(req(data))
+    os.symlink(name, tmp_path / PeerItemCache.link_name(reference.item_hashes[0]))
+    async with Engine(processor, config(tmp_path), decoder=decoder) as b:
+        result = await b.process(req(data))
+        stats = b.stats().cache.shared
+        now = links(tmp_path)
+        mine = tier(b).socket_name
+    if thread is not None:
+        thread.join(5)
+    assert result.ok and result.cache == [CacheOutcome.MISS] and decoder.decodes == 1
+    assert torch.equal(result.pixel_values, reference.pixel_values)
+    assert stats.errors == 1 and stats.hits == 0
+    assert list(now.values()) == [mine]  # the item is announced as this worker's now
+
+
+async def test_links_beyond_max_links_are_removed_oldest_first(tmp_path: Path) -> None:
+    peer = PeerItemCache(tmp_path, max_links=2)
+    await peer.start(lambda key: None)
+    item = MultiModalKwargsItem(
+        "image", {"x": torch.arange(4)}, {"x": MultiModalFieldConfig.batched("image")}
+    )
+
+    async def compute() -> MultiModalKwargsItem:
+        return item
+
+    try:
+        for key in ("k1", "k2", "k3"):
+            got, how = await peer.get_or_compute(key, compute)
+            assert got is item and how == "computed"
+        assert set(links(tmp_path)) == {peer.link_name("k2"), peer.link_name("k3")}
+        assert peer.statistics().links == 2
+    finally:
+        await peer.aclose()
+    assert names(tmp_path) == set()
+
+
+async def test_a_missing_peer_folder_is_a_config_error(make_processor, tmp_path: Path) -> None:
+    engine = Engine(make_processor(), config(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="peer_cache_dir"):
+        await engine.__aenter__()
+    with pytest.raises(ConfigError, match="peer_cache_dir"):
+        EngineConfig(peer_cache_dir=tmp_path)  # type: ignore[arg-type]
