@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream", help="URL of `vllm serve --tokens-only` (gateway mode)")
     serve.add_argument("--workers", type=int, default=1, help="server processes")
     serve.add_argument(
+        "--transform-threads",
+        type=int,
+        help="decode/resize threads per process (default: one per core)",
+    )
+    serve.add_argument(
         "--no-peer-cache",
         action="store_true",
         help="with --workers: each worker caches only its own items (default: a worker that "
@@ -151,6 +156,9 @@ def _serve(args: argparse.Namespace) -> int:
         except UnknownArchitectureError as exc:
             print(f"aiomm serve: {args.model} is not a model folder nor a registered name: {exc}")
             return 2
+    if args.transform_threads is not None and args.transform_threads < 1:
+        print(f"aiomm serve: --transform-threads must be at least 1, got {args.transform_threads}")
+        return 2
     configure_logging(level="INFO", json=True)  # one JSON line per request
     config = ServerConfig(
         model=args.model,
@@ -165,6 +173,7 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         allowed_local_media_path=args.allowed_local_media_path,
         shared_cache_url=args.shared_cache,
+        transform_threads=args.transform_threads,
     )
     try:
         serve(

@@ -47,6 +47,8 @@ _DROP = getattr(socket, "MSG_TRUNC", 0) if sys.platform == "linux" else 0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: the load generator waits for this much of a body before it wakes (``SO_RCVLOWAT``; 1: off)
 _WAKE_BYTES = 1 << 20
+#: the most one read of a response head takes (the body's first bytes come with it)
+_HEAD_BYTES = 1 << 14
 
 
 @dataclass
@@ -167,7 +169,9 @@ class _Connection:
             self.buf.extend(bytes(len(self.buf)))
             self.view = memoryview(self.buf)
         self._wake_at(1)  # a head's size is unknown
-        n = await loop.sock_recv_into(self.sock, self.view[self.have :])
+        # a head's worth at most: the body behind it is dropped in the kernel (_discard), not
+        # copied here and then moved to the buffer's start
+        n = await loop.sock_recv_into(self.sock, self.view[self.have : self.have + _HEAD_BYTES])
         if not n:
             raise ConnectionError("the server closed the connection")
         self.have += n

@@ -64,6 +64,10 @@ class ServerConfig:
     #: the directory the workers of ``--workers N`` share items through (``serve`` makes it;
     #: see ``EngineConfig.peer_cache_dir``), set on the engine's configuration
     peer_cache_dir: str | None = None
+    #: the engine's transform threads per process (``EngineConfig.transform_threads``); None:
+    #: the engine's default, one per core (two workers with one each measured the same as with
+    #: two each on 2 cores, and one each serialises a lone request's images)
+    transform_threads: int | None = None
     #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None
 
@@ -114,6 +118,8 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
         engine_cfg = replace(engine_cfg, shared_cache_url=config.shared_cache_url)
     if config.peer_cache_dir:
         engine_cfg = replace(engine_cfg, peer_cache_dir=config.peer_cache_dir)
+    if config.transform_threads is not None:
+        engine_cfg = replace(engine_cfg, transform_threads=config.transform_threads)
     root = config.allowed_local_media_path
     fetch_cfg = engine_cfg.fetch
     if root:

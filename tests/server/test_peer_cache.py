@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -52,3 +53,16 @@ def test_workers_copy_items_from_each_other(model_folder: Path, tmp_path: Path) 
     assert 'aiomm_peer_cache_events_total_engine{event="hits"} 1.0' in second_metrics
     assert 'aiomm_peer_cache_events_total_engine{event="errors"} 0.0' in second_metrics
     assert list(tmp_path.iterdir()) == []  # both closed: sockets and links removed
+
+
+async def test_server_config_reaches_the_engine(model_folder: Path, tmp_path: Path) -> None:
+    from aiomm.server.app import open_state
+
+    config = ServerConfig(
+        model=str(model_folder), peer_cache_dir=str(tmp_path), transform_threads=1
+    )
+    async with open_state(config) as state:
+        engine_cfg = state.engine.config
+        sockets = os.listdir(tmp_path)
+    assert engine_cfg.peer_cache_dir == str(tmp_path) and engine_cfg.transform_threads == 1
+    assert len(sockets) == 1 and sockets[0].endswith(".sock")

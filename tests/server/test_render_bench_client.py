@@ -176,3 +176,49 @@ def test_client_wakes_once_per_megabyte_of_a_body_not_per_burst(
     _, many, _ = bench._run(fetch())
     assert wake > 1 << 16  # more than one burst per wake-up, on any receive buffer size
     assert few <= -(-len(body) // wake) + 2 < many
+
+
+def test_client_copies_a_head_not_the_body() -> None:
+    """The body behind a response's head is dropped in the kernel: at most a head's read of it
+    reaches the client's buffer, however much has arrived when the client wakes."""
+    bench = _bench()
+    body = bytes(range(256)) * (3 * 4096)  # 3 MiB
+    done = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        done.set()
+
+    async def fetch() -> tuple[int, int, int]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = bench._Connection("127.0.0.1", port)
+        copied = 0
+        recv = conn._recv
+
+        async def counted() -> int:
+            nonlocal copied
+            await asyncio.sleep(0.05)  # let the whole response arrive first
+            n = await recv()
+            copied += n
+            return n
+
+        conn._recv = counted
+        try:
+            status, size, first = await conn.post("/", b"{}")
+        finally:
+            conn.close()
+            await done.wait()
+            server.close()
+            await server.wait_closed()
+        assert first == body[:300]
+        return status, size, copied
+
+    status, size, copied = bench._run(fetch())
+    assert (status, size) == (200, len(body))
+    assert copied <= 2 * bench._HEAD_BYTES

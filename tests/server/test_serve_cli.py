@@ -51,6 +51,11 @@ def test_serve_refuses_a_missing_folder(tmp_path: Path, capsys: Any) -> None:
     assert "not a model folder" in capsys.readouterr().out
 
 
+def test_serve_refuses_zero_transform_threads(model_folder: Path, capsys: Any) -> None:
+    assert main(["serve", str(model_folder), "--transform-threads", "0"]) == 2
+    assert "--transform-threads must be at least 1" in capsys.readouterr().out
+
+
 def _start(model_folder: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     """``aiomm serve`` for the fixtures' folder, once its /health answers."""
     port = free_port()
