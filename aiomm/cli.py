@@ -144,6 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
         from aiomm.server import ServerConfig
         from aiomm.server.render import RenderLimits
         from aiomm.server.serve import serve
+        from aiomm.server.workers import ListenError
     except ImportError as exc:
         print(f"aiomm serve needs the serve extra: pip install 'aiomm[serve]' ({exc})")
         return 2
@@ -183,8 +184,8 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             peer_cache=not args.no_peer_cache,
         )
-    except OSError as exc:  # the workers' address (one process: uvicorn reports it itself)
-        print(f"aiomm serve: cannot listen on {args.host}:{args.port}: {exc}")
+    except ListenError as exc:  # the workers' address (one process: uvicorn reports it itself)
+        print(f"aiomm serve: {exc}")
         return 2
     except SystemExit as exc:  # a worker failed at its start
         return int(exc.code or 0)

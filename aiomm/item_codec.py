@@ -11,8 +11,8 @@ Nothing in a value is executed: no pickle, dtypes come from an allow list, field
 fixed set of types, and every offset and length is checked against the payload. The digest makes
 a truncated or altered value a :class:`~aiomm.errors.CacheValueError`, never a wrong item.
 
-Decoded tensors share one writable copy of the value (one allocation per item), or the bytearray
-the caller hands over (``decode_item(..., take=True)``).
+Decoded tensors share one writable copy of the value (one allocation per item), or the writable
+buffer the caller hands over (``decode_item(..., take=True)``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,14 @@ from aiomm.processing.fields import (
     Repeat,
 )
 
-__all__ = ("FORMAT_VERSION", "decode_item", "encode_item")
+__all__ = (
+    "FORMAT_VERSION",
+    "ITEM_ALIGN",
+    "ITEM_PREFIX_BYTES",
+    "decode_item",
+    "encode_item",
+    "item_header_bytes",
+)
 
 #: bumped whenever the layout or the meaning of a header field changes (2: the "prompt" key,
 #: video timestamps an item needs; a reader of 1 would drop it)
@@ -43,6 +50,10 @@ FORMAT_VERSION = 2
 _MAGIC = b"AIMMITEM"
 _PREFIX = struct.Struct("<8sHHI32s")
 _ALIGN = 64
+#: the alignment of each tensor's bytes within the payload
+ITEM_ALIGN = _ALIGN
+#: bytes before the header: magic, format, header length, digest
+ITEM_PREFIX_BYTES = _PREFIX.size
 _DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
     for name in (
@@ -114,13 +125,28 @@ def encode_item(item: MultiModalKwargsItem) -> bytes:
     return b"".join([prefix, header, *chunks])
 
 
+def item_header_bytes(prefix: bytes | bytearray | memoryview) -> int:
+    """The header's length, read from an item's first :data:`ITEM_PREFIX_BYTES` (a reader that
+    receives an item in parts places the payload with it).
+
+    :raises CacheValueError: the bytes are not an item's prefix.
+    """
+    if len(prefix) < _PREFIX.size:
+        raise CacheValueError(f"value of {len(prefix)} bytes is shorter than the item prefix")
+    magic, _, _, header_len, _ = _PREFIX.unpack_from(prefix)
+    if magic != _MAGIC:
+        raise CacheValueError("value does not start with the item magic")
+    return int(header_len)
+
+
 def decode_item(
     blob: bytes | bytearray | memoryview, *, take: bool = False
 ) -> MultiModalKwargsItem:
     """Read an item written by :func:`encode_item`.
 
-    ``take``: ``blob`` is a bytearray the caller gives up; the tensors view it instead of a
-    copy of its payload.
+    ``take``: ``blob`` is writable memory the caller gives up (a bytearray or a view of one);
+    the tensors view it instead of a copy of its payload, so they are aligned as the caller
+    placed the payload.
 
     :raises CacheValueError: a value that is truncated, altered, of another format version, or
         that names a dtype, field type or range the format does not allow.
@@ -142,7 +168,7 @@ def decode_item(
         header = json.loads(bytes(body[:header_len]))
         # One writable buffer shared by the tensors (torch refuses read-only buffers silently).
         payload: bytearray | memoryview
-        if take and isinstance(blob, bytearray):
+        if take and not view.readonly:
             payload = body[header_len:]
         else:
             payload = bytearray(body[header_len:])

@@ -15,6 +15,13 @@ is computed here, as without the tier; nothing waits for another worker's comput
 
 Each worker removes the links it made when it closes, and its oldest links beyond
 ``max_links``; a link whose owner no longer holds the item is removed when a peer asks for it.
+A worker killed outright leaves its socket and links behind: a peer's fetch through one of them
+fails (counted in ``errors``), and the item is computed and announced again by that peer.
+
+The folder must belong to the server's user and be closed to others (mode 700): whoever can
+create links in it could hand the workers items of their own (the digest detects damage, not
+the sender). Fetches and the peers' requests served are each bounded (four at a time per
+worker), and a fetch by ``timeout_s`` as a whole.
 
 Runs on the event loop of an anyio app; peers are served from a thread of its own (one per
 connection), which looks items up on the loop.
@@ -40,10 +47,17 @@ from typing import Any, Literal
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import numpy as np
 from blake3 import blake3
 
 from aiomm.errors import CacheValueError
-from aiomm.item_codec import decode_item, encode_item
+from aiomm.item_codec import (
+    ITEM_ALIGN,
+    ITEM_PREFIX_BYTES,
+    decode_item,
+    encode_item,
+    item_header_bytes,
+)
 from aiomm.logging import get_logger
 from aiomm.processing.fields import MultiModalKwargsItem
 
@@ -58,6 +72,8 @@ _KEY_LEN = struct.Struct("<I")
 _REPLY = struct.Struct("<BQ")  # found (0/1), item bytes that follow
 _SOCKET_NAME = re.compile(r"w[0-9]+-[0-9a-f]{8}\.sock")
 _MAX_KEY_BYTES = 1 << 16
+# fetches this worker makes at once, and peers' requests it serves at once
+_CONCURRENT = 4
 # A link younger than this may name an item its owner is still storing: not removed on a miss.
 _LINK_GRACE_S = 2.0
 
@@ -87,7 +103,7 @@ class PeerItemCache:
 
     :param directory: the directory every worker of the host shares (private to the server's
         user; ``aiomm serve --workers N`` makes one on tmpfs).
-    :param timeout_s: bound on each socket operation of a fetch.
+    :param timeout_s: bound on a fetch, from the connection to the last byte.
     :param max_item_bytes: larger replies are refused (the item is computed here).
     :param max_links: links kept beyond this many are removed, oldest first.
     """
@@ -97,7 +113,7 @@ class PeerItemCache:
         directory: str | os.PathLike[str],
         *,
         timeout_s: float = 2.0,
-        max_item_bytes: int = 1 << 30,
+        max_item_bytes: int = 256 << 20,
         max_links: int = 1 << 16,
     ) -> None:
         self.directory = Path(directory)
@@ -124,6 +140,8 @@ class PeerItemCache:
             0,
         )
         self._lock = threading.Lock()  # the serving threads' counters
+        self._fetches = anyio.CapacityLimiter(_CONCURRENT)  # not the default thread pool's
+        self._serving = threading.BoundedSemaphore(_CONCURRENT)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -143,7 +161,12 @@ class PeerItemCache:
             def handle(self) -> None:
                 tier._serve_one(self.request)
 
-        server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
+        class Server(socketserver.ThreadingUnixStreamServer):
+            # socketserver's default of 5 refuses a burst of peers' misses at once (EAGAIN)
+            request_queue_size = socket.SOMAXCONN
+
+        _check_private(self.directory)
+        server = Server(str(path), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
@@ -155,18 +178,19 @@ class PeerItemCache:
 
     async def aclose(self) -> None:
         """Stop serving peers and remove this worker's socket and links."""
-        server, self._server = self._server, None
-        if server is not None:
-            await anyio.to_thread.run_sync(server.shutdown)
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=1.0)
-            self._thread = None
-        with contextlib.suppress(FileNotFoundError):
-            (self.directory / self.socket_name).unlink()
-        for name in list(self._links):
-            self._unlink_own(name)
-        self._links.clear()
+        with anyio.CancelScope(shield=True):  # a cancelled close still cleans up
+            server, self._server = self._server, None
+            if server is not None:
+                await anyio.to_thread.run_sync(server.shutdown)
+                server.server_close()
+            if self._thread is not None:
+                self._thread.join(timeout=1.0)
+                self._thread = None
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / self.socket_name).unlink()
+            for name in list(self._links):
+                self._unlink_own(name)
+            self._links.clear()
 
     # -- the second-tier protocol ------------------------------------------------------------
 
@@ -184,8 +208,10 @@ class PeerItemCache:
         owner = self._owner(name)
         if owner is not None:
             try:
-                item = await anyio.to_thread.run_sync(self._fetch, owner, key)
-            except (OSError, CacheValueError, ValueError) as exc:
+                item = await anyio.to_thread.run_sync(
+                    self._fetch, owner, key, limiter=self._fetches
+                )
+            except Exception as exc:  # whatever it was, the item is computed here
                 self._counts["errors"] += 1
                 log.debug("peer_fetch_failed", owner=owner, error=f"{type(exc).__name__}: {exc}")
                 item = None
@@ -252,30 +278,50 @@ class PeerItemCache:
 
     def _fetch(self, owner: str, key: str) -> MultiModalKwargsItem | None:
         """Ask ``owner`` for ``key``: the item, or None when the owner no longer holds it."""
+        deadline = time.monotonic() + self.timeout_s
         raw = key.encode()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(self.timeout_s)
             sock.connect(str(self.directory / owner))
             sock.sendall(_KEY_LEN.pack(len(raw)) + raw)
-            found, size = _REPLY.unpack(_recv_exact(sock, _REPLY.size))
+            found, size = _REPLY.unpack(_recv_into(sock, bytearray(_REPLY.size), deadline))
             if not found:
                 return None
-            if size > self.max_item_bytes:
-                raise CacheValueError(f"a peer offered {size} bytes, over max_item_bytes")
-            blob = _recv_exact(sock, size)
+            if not ITEM_PREFIX_BYTES <= size <= self.max_item_bytes:
+                raise CacheValueError(
+                    f"a peer offered {size} bytes (max_item_bytes {self.max_item_bytes})"
+                )
+            prefix = _recv_into(sock, bytearray(ITEM_PREFIX_BYTES), deadline)
+            # the tensors will view this buffer: place the payload on a 64-byte boundary, as
+            # the format lays out its tensors (a copy would be aligned by the allocator)
+            head = ITEM_PREFIX_BYTES + item_header_bytes(prefix)
+            buf = bytearray(size + ITEM_ALIGN)
+            pad = -(np.frombuffer(buf, np.uint8).ctypes.data + head) % ITEM_ALIGN
+            view = memoryview(buf)[pad : pad + size]
+            view[:ITEM_PREFIX_BYTES] = prefix
+            _recv_into(sock, view[ITEM_PREFIX_BYTES:], deadline)
         with self._lock:
             self._counts["bytes_read"] += size
-        return decode_item(blob, take=True)
+        return decode_item(view, take=True)
 
     # -- serving (the server's threads) --------------------------------------------------------
 
     def _serve_one(self, sock: socket.socket) -> None:
         sock.settimeout(self.timeout_s)
+        if not self._serving.acquire(timeout=self.timeout_s):
+            return  # busy: the peer's fetch fails and it computes the item itself
         try:
-            (length,) = _KEY_LEN.unpack(_recv_exact(sock, _KEY_LEN.size))
+            self._serve_held(sock)
+        finally:
+            self._serving.release()
+
+    def _serve_held(self, sock: socket.socket) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            (length,) = _KEY_LEN.unpack(_recv_into(sock, bytearray(_KEY_LEN.size), deadline))
             if length > _MAX_KEY_BYTES:
                 return
-            key = bytes(_recv_exact(sock, length)).decode()
+            key = bytes(_recv_into(sock, bytearray(length), deadline)).decode()
             item = self._held(key)
             blob = None
             if item is not None:
@@ -293,7 +339,7 @@ class PeerItemCache:
             with self._lock:
                 self._counts["served"] += 1
                 self._counts["bytes_written"] += len(blob)
-        except (OSError, UnicodeDecodeError, struct.error) as exc:
+        except Exception as exc:  # one peer's request: never the serving thread's end
             log.debug("peer_serve_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _held(self, key: str) -> MultiModalKwargsItem | None:
@@ -304,7 +350,7 @@ class PeerItemCache:
             return None
         try:
             item = anyio.from_thread.run_sync(self._held_on_loop, key, token=self._token)
-        except RuntimeError:  # the loop is closing
+        except Exception:  # the loop is closing, or the lookup failed: the peer computes it
             return None
         return item
 
@@ -320,17 +366,37 @@ class PeerItemCache:
         return item
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytearray:
-    """``size`` bytes from ``sock`` into one buffer.
+def _recv_into(
+    sock: socket.socket, buf: bytearray | memoryview, deadline: float
+) -> bytearray | memoryview:
+    """Fill ``buf`` from ``sock`` before ``deadline`` (``time.monotonic``); return it.
 
+    :raises TimeoutError: the deadline passed first.
     :raises ConnectionError: the peer closed the connection first.
     """
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
+    view = memoryview(buf).cast("B")
+    got, size = 0, len(view)
     while got < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"peer sent {got} of {size} bytes in time")
+        sock.settimeout(left)
         n = sock.recv_into(view[got:])
         if n == 0:
             raise ConnectionError(f"peer closed after {got} of {size} bytes")
         got += n
     return buf
+
+
+def _check_private(directory: Path) -> None:
+    """Refuse a folder that another user owns or may write in: whoever can create links there
+    could hand this worker items of its own.
+
+    :raises PermissionError: the folder is not private to this user.
+    """
+    info = directory.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise PermissionError(
+            f"{directory} must belong to this user and be closed to others (mode 700), it has "
+            f"uid {info.st_uid} and mode {info.st_mode & 0o777:o}"
+        )

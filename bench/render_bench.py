@@ -373,11 +373,11 @@ def _combine(results: list[LevelResult]) -> list[LevelResult]:
     return out
 
 
-def listening_sockets(port: int) -> int:
-    """TCP sockets listening on ``port`` (Linux ``/proc/net``; elsewhere 1)."""
+def listening_sockets(port: int) -> int | None:
+    """TCP sockets listening on ``port`` (Linux ``/proc/net``; elsewhere None: unknown)."""
     count, tables = 0, [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
     if not tables[0].exists():
-        return 1
+        return None
     for table in tables:
         if table.exists():
             for line in table.read_text().splitlines()[1:]:
@@ -407,7 +407,8 @@ class Server:
                 )
             try:
                 healthy = httpx.get(self.url + "/health", timeout=1).status_code == 200
-                if healthy and listening_sockets(self.port) >= self.listeners:
+                listening = listening_sockets(self.port)
+                if healthy and (listening is None or listening >= self.listeners):
                     return self
             except httpx.HTTPError:
                 pass

@@ -12,6 +12,7 @@ import socket
 import threading
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 import torch
@@ -82,6 +83,7 @@ async def test_an_item_computed_by_one_worker_is_copied_by_the_other(
         first = await a.process(req(data))
         announced = links(tmp_path)
         second = await b.process(req(data))
+        copied = b._pipeline.cache.cache.peek(second.item_hashes[0])  # type: ignore[union-attr]
         again = await b.process(req(data))
         stats_a, stats_b = a.stats().cache, b.stats().cache
         sockets = {tier(a).socket_name, tier(b).socket_name}
@@ -96,6 +98,8 @@ async def test_an_item_computed_by_one_worker_is_copied_by_the_other(
     for key, value in reference.mm_kwargs.items():
         assert torch.equal(second.mm_kwargs[key], value), key
     assert second.prompt_token_ids == reference.prompt_token_ids
+    # the payload was received onto the format's alignment
+    assert all(v.data_ptr() % 64 == 0 for v in copied.data.values() if v.numel())
     assert stats_a.shared.misses == 1 and stats_a.shared.served == 1
     assert stats_b.shared.hits == 1 and stats_b.shared_hits == 1 and stats_b.shared.errors == 0
     assert stats_b.shared.bytes_read == stats_a.shared.bytes_written > 0
@@ -196,9 +200,76 @@ async def test_links_beyond_max_links_are_removed_oldest_first(tmp_path: Path) -
     assert names(tmp_path) == set()
 
 
-async def test_a_missing_peer_folder_is_a_config_error(make_processor, tmp_path: Path) -> None:
+async def test_a_missing_or_shared_peer_folder_is_a_config_error(
+    make_processor, tmp_path: Path
+) -> None:
     engine = Engine(make_processor(), config(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="peer_cache_dir"):
         await engine.__aenter__()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)  # a group could plant links to a socket of its own
+    engine = Engine(make_processor(), config(shared))
+    with pytest.raises(ConfigError, match="mode 700"):
+        await engine.__aenter__()
     with pytest.raises(ConfigError, match="peer_cache_dir"):
         EngineConfig(peer_cache_dir=tmp_path)  # type: ignore[arg-type]
+
+
+async def test_a_cancelled_close_still_removes_the_socket_and_links(tmp_path: Path) -> None:
+    peer = PeerItemCache(tmp_path)
+    await peer.start(lambda key: None)
+    item = MultiModalKwargsItem(
+        "image", {"x": torch.arange(4)}, {"x": MultiModalFieldConfig.batched("image")}
+    )
+
+    async def compute() -> MultiModalKwargsItem:
+        return item
+
+    await peer.get_or_compute("k", compute)
+    assert len(names(tmp_path)) == 2
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await peer.aclose()
+    assert names(tmp_path) == set()
+
+
+async def test_many_peers_at_once_are_all_served(tmp_path: Path) -> None:
+    """Six workers' fetches at once, more than socketserver's default backlog of 5: none is
+    refused."""
+    owner = PeerItemCache(tmp_path)
+    askers = [PeerItemCache(tmp_path) for _ in range(6)]
+    item = MultiModalKwargsItem(
+        "image", {"x": torch.arange(1 << 16)}, {"x": MultiModalFieldConfig.batched("image")}
+    )
+    await owner.start({f"k{i}": item for i in range(4)}.get)
+    for asker in askers:
+        await asker.start(lambda key: None)
+
+    async def compute() -> MultiModalKwargsItem:
+        return item
+
+    async def never() -> MultiModalKwargsItem:
+        raise AssertionError("computed instead of copied")
+
+    try:
+        for i in range(4):
+            await owner.get_or_compute(f"k{i}", compute)
+        got: list[str] = []
+
+        async def ask(asker: PeerItemCache, i: int) -> None:
+            value, how = await asker.get_or_compute(f"k{i}", never)
+            assert torch.equal(value.data["x"], item.data["x"])
+            got.append(how)
+
+        async with anyio.create_task_group() as tg:
+            for asker in askers:
+                for i in range(4):
+                    tg.start_soon(ask, asker, i)
+        assert got == ["hit"] * 24
+        assert sum(a.statistics().errors for a in askers) == 0
+        assert owner.statistics().served == 24
+    finally:
+        for asker in askers:
+            await asker.aclose()
+        await owner.aclose()

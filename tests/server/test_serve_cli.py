@@ -233,8 +233,12 @@ def test_serve_process_drains_on_sigterm(model_folder: Path) -> None:
         _stop(proc)
 
 
-def test_serve_workers_report_a_taken_port(model_folder: Path) -> None:
+@pytest.mark.parametrize("group", [False, True], ids=["listener", "reuseport-group"])
+def test_serve_workers_report_a_taken_port(model_folder: Path, group: bool) -> None:
+    # a group: another server's SO_REUSEPORT socket, which the workers' sockets would join
     with socket.socket() as taken:
+        if group:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
@@ -281,5 +285,21 @@ def test_serve_restarts_a_worker_that_dies_while_serving(model_folder: Path) -> 
         assert httpx.get(url + "/health", timeout=10).status_code == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) in (0, -signal.SIGTERM)
+    finally:
+        _stop(proc)
+
+
+def test_serve_workers_end_when_the_supervisor_is_killed(model_folder: Path) -> None:
+    proc, _ = _start(model_folder, "--workers", "2")
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        workers = [c for c in children if "spawn_main" in _cmdline(c)]
+        assert len(workers) == 2
+        proc.kill()  # no chance to stop them itself
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(_state(pid) != "Z" for pid in workers):
+            time.sleep(0.2)
+        assert all(_state(pid) == "Z" for pid in workers)
     finally:
         _stop(proc)
