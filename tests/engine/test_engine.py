@@ -17,6 +17,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from counting_decoder import CountingDecoder
 
 from aiomm.config import EngineConfig
 from aiomm.decode import DecodeConfig
@@ -32,7 +33,6 @@ from aiomm.errors import (
 from aiomm.fetch import FetchConfig
 from aiomm.item_cache import CacheOutcome
 from aiomm.samples import encode, photo_like
-from aiomm.stages import PillowDecoder
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -115,17 +115,8 @@ async def test_repeat_is_a_cache_hit_and_equal(make_processor) -> None:
     assert stats.cache.hits == 1 and stats.cache.misses == 1
 
 
-class CountingDecoder(PillowDecoder):
-    """The decoder seam: Pillow, counting decodes and holding each one in flight a while."""
-
-    def __init__(self) -> None:
-        super().__init__(DecodeConfig())
-        self.decodes = 0
-
-    def decode(self, data: bytes) -> np.ndarray:
-        self.decodes += 1
-        time.sleep(0.05)  # keep the computation in flight while the others arrive
-        return super().decode(data)
+def counting_decoder() -> CountingDecoder:
+    return CountingDecoder(delay=0.05)  # keep the computation in flight while others arrive
 
 
 async def test_an_image_header_is_parsed_once(make_processor, monkeypatch) -> None:
@@ -140,7 +131,7 @@ async def test_an_image_header_is_parsed_once(make_processor, monkeypatch) -> No
         plain = [await e.process(Request(prompt=prompt(1), images=[d])) for d in data]
     assert len(opens) == len(data)
     opens.clear()
-    decoder = CountingDecoder()
+    decoder = counting_decoder()
     monkeypatch.setattr(time, "sleep", lambda _: None)
     config = EngineConfig(device="cpu", cache_capacity_bytes=0)
     async with Engine(make_processor(), config, decoder=decoder) as e:
@@ -151,7 +142,7 @@ async def test_an_image_header_is_parsed_once(make_processor, monkeypatch) -> No
 
 
 async def test_fifty_concurrent_requests_one_decode(make_processor) -> None:
-    decoder = CountingDecoder()
+    decoder = counting_decoder()
     data = encode(image(3, 300, 400), "JPEG")
     results: dict[int, object] = {}
     async with Engine(make_processor(), EngineConfig(device="cpu"), decoder=decoder) as engine:

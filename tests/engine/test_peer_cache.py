@@ -16,17 +16,16 @@ import anyio
 import numpy as np
 import pytest
 import torch
+from counting_decoder import CountingDecoder
 
 import aiomm.peer_cache
 from aiomm.config import EngineConfig
-from aiomm.decode import DecodeConfig
 from aiomm.engine import Engine
 from aiomm.errors import ConfigError
 from aiomm.item_cache import CacheOutcome
 from aiomm.peer_cache import PeerItemCache
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.samples import encode, photo_like
-from aiomm.stages import PillowDecoder
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -36,16 +35,6 @@ _seeds = iter(range(20_000, 1_000_000))
 
 def new_image() -> bytes:
     return encode(photo_like(np.random.default_rng(next(_seeds)), 64, 80), "PNG")
-
-
-class CountingDecoder(PillowDecoder):
-    def __init__(self) -> None:
-        super().__init__(DecodeConfig())
-        self.decodes = 0
-
-    def decode(self, data: bytes) -> np.ndarray:
-        self.decodes += 1
-        return super().decode(data)
 
 
 def req(data: bytes) -> Request:

@@ -15,17 +15,16 @@ import numpy as np
 import pytest
 import redis.asyncio
 import torch
+from counting_decoder import CountingDecoder
 from redis_server import RedisServer, free_port
 
 from aiomm.config import EngineConfig, SharedCacheConfig
-from aiomm.decode import DecodeConfig
 from aiomm.engine import Engine
 from aiomm.hashing import hash_bytes
 from aiomm.item_cache import CacheOutcome
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.samples import encode, photo_like
 from aiomm.shared_cache import SharedItemCache
-from aiomm.stages import PillowDecoder
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -36,25 +35,6 @@ _seeds = iter(range(10_000, 1_000_000))
 def new_image() -> bytes:
     """A PNG no other test has used (keys must be new in the shared Redis)."""
     return encode(photo_like(np.random.default_rng(next(_seeds)), 64, 80), "PNG")
-
-
-class CountingDecoder(PillowDecoder):
-    """The decoder seam: counts decodes; ``hold`` keeps each one in flight until it is set."""
-
-    def __init__(self, delay: float = 0.0) -> None:
-        super().__init__(DecodeConfig())
-        self.decodes = 0
-        self.delay = delay
-        self.hold: threading.Event | None = None
-        self.entered = threading.Event()
-
-    def decode(self, data: bytes) -> np.ndarray:
-        self.decodes += 1
-        self.entered.set()
-        if self.hold is not None:
-            self.hold.wait(10)
-        time.sleep(self.delay)
-        return super().decode(data)
 
 
 @pytest.fixture(scope="module")

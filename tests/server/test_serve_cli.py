@@ -85,6 +85,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.stdout.close()
 
 
+def _workers(proc: subprocess.Popen[bytes]) -> list[str]:
+    """The pids of the supervisor's worker processes (spawned by multiprocessing)."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return [c for c in children if "spawn_main" in _cmdline(c)]
+
+
 def _cmdline(pid: str) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_text()
@@ -133,8 +139,7 @@ def _peer_folder(pid: str) -> Path:
 def test_serve_workers_start_and_render(model_folder: Path) -> None:
     proc, url = _start(model_folder, "--workers", "2")
     try:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        workers = [c for c in children if "spawn_main" in _cmdline(c)]
+        workers = _workers(proc)
         assert len(workers) == 2
         # each worker listens on its own socket (once started): a burst of new connections
         # reaches both
@@ -267,8 +272,7 @@ def test_serve_restarts_a_worker_that_dies_while_serving(model_folder: Path) -> 
         port = int(url.rsplit(":", 1)[1])
 
         def workers() -> list[str]:
-            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-            return [c for c in children if "spawn_main" in _cmdline(c) and _state(c) != "Z"]
+            return [c for c in _workers(proc) if _state(c) != "Z"]
 
         deadline = time.monotonic() + 120
         while len(_listening(port)) < 2 and time.monotonic() < deadline:
@@ -292,8 +296,7 @@ def test_serve_restarts_a_worker_that_dies_while_serving(model_folder: Path) -> 
 def test_serve_workers_end_when_the_supervisor_is_killed(model_folder: Path) -> None:
     proc, _ = _start(model_folder, "--workers", "2")
     try:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        workers = [c for c in children if "spawn_main" in _cmdline(c)]
+        workers = _workers(proc)
         assert len(workers) == 2
         proc.kill()  # no chance to stop them itself
         proc.wait()

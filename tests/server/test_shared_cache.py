@@ -1,10 +1,12 @@
-"""Two ``aiomm serve`` replicas on one Redis (``--shared-cache``): an image one renders is a
-shared hit for the other, the response identical, and ``/metrics`` shows the Redis tier."""
+"""Two ``aiomm serve`` instances sharing items, as replicas on one Redis (``--shared-cache``) or
+as the workers of ``--workers N`` (a peer folder): an image one renders is a hit for the other,
+the response identical, and ``/metrics`` shows the tier."""
 
 from __future__ import annotations
 
 import base64
 import io
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,13 +41,21 @@ def _body() -> dict:
     return {"model": RECORDED_MODEL, "messages": [{"role": "user", "content": content}]}
 
 
-def test_replicas_share_items_through_redis(model_folder: Path, redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("tier", ["redis", "peer"])
+def test_two_servers_share_items(
+    model_folder: Path, tmp_path: Path, request: pytest.FixtureRequest, tier: str
+) -> None:
+    """Replicas through Redis, or the workers of ``--workers N`` through their peer folder."""
+    where: dict = {"peer_cache_dir": str(tmp_path)}
+    if tier == "redis":
+        where = {"shared_cache_url": request.getfixturevalue("redis_server").url}
+
     def config() -> ServerConfig:
         return ServerConfig(
             model=str(model_folder),
             model_id=RECORDED_MODEL,
             served_model_names=(RECORDED_MODEL,),
-            shared_cache_url=redis_server.url,
+            **where,
         )
 
     path = "/v1/chat/completions/render"
@@ -57,6 +67,25 @@ def test_replicas_share_items_through_redis(model_folder: Path, redis_server: Re
         assert a.json()["token_ids"] == b.json()["token_ids"]
         first_metrics = httpx.get(first.url + "/metrics").text
         second_metrics = httpx.get(second.url + "/metrics").text
-    assert 'aiomm_shared_cache_events_total_engine{event="misses"} 1.0' in first_metrics
-    assert 'aiomm_shared_cache_events_total_engine{event="hits"} 1.0' in second_metrics
-    assert "aiomm_shared_cache_available 1.0" in second_metrics
+    gauge = f"aiomm_{'shared' if tier == 'redis' else 'peer'}_cache_events_total_engine"
+    assert gauge + '{event="misses"} 1.0' in first_metrics
+    assert gauge + '{event="hits"} 1.0' in second_metrics
+    if tier == "redis":
+        assert "aiomm_shared_cache_available 1.0" in second_metrics
+    else:
+        assert gauge + '{event="served"} 1.0' in first_metrics
+        assert gauge + '{event="errors"} 0.0' in second_metrics
+        assert os.listdir(tmp_path) == []  # both closed: sockets and links removed
+
+
+async def test_server_config_reaches_the_engine(model_folder: Path, tmp_path: Path) -> None:
+    from aiomm.server.app import open_state
+
+    config = ServerConfig(
+        model=str(model_folder), peer_cache_dir=str(tmp_path), transform_threads=1
+    )
+    async with open_state(config) as state:
+        engine_cfg = state.engine.config
+        sockets = os.listdir(tmp_path)
+    assert engine_cfg.peer_cache_dir == str(tmp_path) and engine_cfg.transform_threads == 1
+    assert len(sockets) == 1 and sockets[0].endswith(".sock")

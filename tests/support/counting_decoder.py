@@ -1,0 +1,31 @@
+"""The decoder seam the cache tests count computations with."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from aiomm.decode import DecodeConfig
+from aiomm.stages import PillowDecoder
+
+
+class CountingDecoder(PillowDecoder):
+    """Pillow, counting decodes; ``delay`` keeps each one in flight a while, and ``hold`` (when
+    set) keeps it in flight until the event is set."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__(DecodeConfig())
+        self.decodes = 0
+        self.delay = delay
+        self.hold: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def decode(self, data: bytes) -> np.ndarray:
+        self.decodes += 1
+        self.entered.set()
+        if self.hold is not None:
+            self.hold.wait(10)
+        time.sleep(self.delay)
+        return super().decode(data)
