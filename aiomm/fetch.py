@@ -119,6 +119,9 @@ class FetchStatistics:
     in_flight: int
     #: HTTP redirects followed
     redirects: int
+    #: GETs sent again after the server closed the connection before any response (a pooled
+    #: keep-alive connection it had just timed out); once per hop
+    retries: int = 0
 
 
 def address_refusal(address: IPAddress, config: FetchConfig) -> str | None:
@@ -315,6 +318,7 @@ class MediaFetcher:
         self._errors: Counter[str] = Counter()
         self._in_flight = 0
         self._redirects = 0
+        self._retries = 0
 
     async def __aenter__(self) -> MediaFetcher:
         if self._state is not _State.UNOPENED:
@@ -370,6 +374,7 @@ class MediaFetcher:
             errors=types.MappingProxyType(dict(self._errors)),
             in_flight=self._in_flight,
             redirects=self._redirects,
+            retries=self._retries,
         )
 
     async def fetch(self, source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> bytes:
@@ -448,10 +453,12 @@ class MediaFetcher:
         client = self._http_client()
         current = url
         redirects = 0
+        retried = answered = False
         while True:
             target = _parse_http_url(current, first=redirects == 0)
             try:
                 async with client.stream("GET", target) as response:
+                    answered = True
                     if response.has_redirect_location:
                         if redirects == self.config.max_redirects:
                             raise TooManyRedirectsError(
@@ -461,6 +468,7 @@ class MediaFetcher:
                         location = response.headers["Location"]
                         current = urljoin(str(response.url), location)
                         redirects += 1
+                        retried = answered = False
                         self._redirects += 1
                         log.debug(
                             "fetch.redirect", url=_shown(url), hop=redirects, to=_shown(current)
@@ -490,10 +498,22 @@ class MediaFetcher:
                 raise InvalidSourceError(
                     f"invalid URL or redirect Location: {exc}", source=_shown(current)
                 ) from exc
+            except httpx.RemoteProtocolError as exc:
+                if answered or retried:
+                    raise self._fetch_error(exc, url, current, redirects) from exc
+                # No response at all: most likely a keep-alive connection the server closed as
+                # the request went out. A GET may be sent again, once, on a new connection.
+                retried = True
+                self._retries += 1
+                log.debug("fetch.retry", url=_shown(current), error=str(exc))
             except httpx.HTTPError as exc:
-                detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                hop = f" (redirect {redirects} of {_shown(url)})" if redirects else ""
-                raise FetchError(f"HTTP GET failed{hop}: {detail}", source=_shown(current)) from exc
+                raise self._fetch_error(exc, url, current, redirects) from exc
+
+    @staticmethod
+    def _fetch_error(exc: httpx.HTTPError, url: str, current: str, redirects: int) -> FetchError:
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        hop = f" (redirect {redirects} of {_shown(url)})" if redirects else ""
+        return FetchError(f"HTTP GET failed{hop}: {detail}", source=_shown(current))
 
     async def _read_body(self, response: httpx.Response, shown: str) -> bytes:
         limit = self.config.max_bytes

@@ -547,3 +547,71 @@ def test_defaults() -> None:
     assert config.max_bytes == 64 * 2**20 and config.max_redirects == 3
     assert not config.allow_loopback and not config.allow_private_addresses
     assert config.allowed_local_root is None
+
+
+class _ClosingKeepAliveServer:
+    """Answers the first GET on each connection with keep-alive, then closes the connection as
+    the next GET on it arrives, without a response: a server that timed out an idle
+    keep-alive connection just as the client reused it. ``always`` closes every request."""
+
+    def __init__(self, body: bytes, *, always: bool = False) -> None:
+        self.body, self.always = body, always
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.requests = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        with conn:
+            for answer in (not self.always, False):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                self.requests += 1
+                if not answer:
+                    return  # closed without a response
+                head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(self.body)}\r\n\r\n"
+                conn.sendall(head.encode() + self.body)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_a_get_on_a_connection_the_server_just_closed_is_sent_again(
+    ok_png: bytes,
+) -> None:
+    server = _ClosingKeepAliveServer(ok_png)
+    try:
+        async with MediaFetcher(LOOPBACK) as fetcher:
+            url = f"http://127.0.0.1:{server.port}/a.png"
+            assert await fetcher.fetch(url) == ok_png
+            assert await fetcher.fetch(url) == ok_png  # the pooled connection is closed on it
+            stats = fetcher.statistics()
+    finally:
+        server.close()
+    assert stats.retries == 1 and dict(stats.errors) == {}
+    assert server.requests == 3
+
+
+async def test_a_server_that_never_answers_is_sent_the_get_twice_at_most() -> None:
+    server = _ClosingKeepAliveServer(b"", always=True)
+    try:
+        async with MediaFetcher(LOOPBACK) as fetcher:
+            with pytest.raises(FetchError, match="RemoteProtocolError"):
+                await fetcher.fetch(f"http://127.0.0.1:{server.port}/a.png")
+            stats = fetcher.statistics()
+    finally:
+        server.close()
+    assert stats.retries == 1 and server.requests == 2
