@@ -177,7 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
         transform_threads=args.transform_threads,
     )
     try:
-        serve(
+        return serve(
             config,
             host=args.host,
             port=args.port,
@@ -187,9 +187,6 @@ def _serve(args: argparse.Namespace) -> int:
     except ListenError as exc:  # the workers' address (one process: uvicorn reports it itself)
         print(f"aiomm serve: {exc}")
         return 2
-    except SystemExit as exc:  # a worker failed at its start
-        return int(exc.code or 0)
-    return 0
 
 
 def _bench(argv: list[str]) -> int:

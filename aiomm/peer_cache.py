@@ -295,8 +295,8 @@ class PeerItemCache:
             # the tensors will view this buffer: place the payload on a 64-byte boundary, as
             # the format lays out its tensors (a copy would be aligned by the allocator)
             head = ITEM_PREFIX_BYTES + item_header_bytes(prefix)
-            buf = bytearray(size + ITEM_ALIGN)
-            pad = -(np.frombuffer(buf, np.uint8).ctypes.data + head) % ITEM_ALIGN
+            buf = np.empty(size + ITEM_ALIGN, np.uint8)  # not zero-filled: it is received into
+            pad = -(buf.ctypes.data + head) % ITEM_ALIGN
             view = memoryview(buf)[pad : pad + size]
             view[:ITEM_PREFIX_BYTES] = prefix
             _recv_into(sock, view[ITEM_PREFIX_BYTES:], deadline)

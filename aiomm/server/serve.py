@@ -53,8 +53,9 @@ def app_from_env() -> Starlette:
 
 def serve(
     config: ServerConfig, *, host: str, port: int, workers: int = 1, peer_cache: bool = True
-) -> None:
-    """Serve ``config`` until SIGINT / SIGTERM (in-flight requests are drained).
+) -> int:
+    """Serve ``config`` until SIGINT / SIGTERM (in-flight requests are drained); return the exit
+    status (1: a worker failed at the server's start).
 
     ``peer_cache``: with several workers and no Redis tier, the workers copy items from each
     other (:mod:`aiomm.peer_cache`) through a private directory made here (on tmpfs where there
@@ -83,8 +84,6 @@ def serve(
                 )
                 config = replace(config, peer_cache_dir=folder)
             os.environ[_ENV] = _to_env(config)
-            status = run_workers(host, port, workers, options)
-        if status:
-            raise SystemExit(status)
-    else:
-        uvicorn.run(create_app(config), host=host, port=port, **options)
+            return run_workers(host, port, workers, options)
+    uvicorn.run(create_app(config), host=host, port=port, **options)
+    return 0
