@@ -396,7 +396,11 @@ class Server:
         self.port = port
         self.listeners = listeners  # worker processes: each listens on the port itself
         self.log = log.open("wb")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        # started outside the checkout: a child's ``python -m`` puts its working directory on
+        # sys.path, where the checkout's kernels/ folder would shadow Hugging Face's package
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=log.parent
+        )
 
     def __enter__(self) -> Server:
         deadline = time.monotonic() + 300
@@ -438,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per level")
     parser.add_argument("--workers", type=int, default=1, help="aiomm serve --workers")
+    parser.add_argument(
+        "--cache-gb", type=float, help="aiomm serve --cache-gb (default: aiomm's default)"
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
 
@@ -467,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workers",
         str(args.workers),
     ]
+    if args.cache_gb is not None:
+        aiomm += ["--cache-gb", str(args.cache_gb)]
     with contextlib.ExitStack() as stack:
         started = stack.enter_context(Server(aiomm, env, port, logs / "aiomm.log", args.workers))
         servers = {"aiomm": (started.url + "/v1/chat/completions/render", started.proc.pid)}
