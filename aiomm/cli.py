@@ -95,6 +95,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --workers: each worker caches only its own items (default: a worker that "
         "misses copies the item from the worker that computed it)",
     )
+    serve.add_argument(
+        "--cache-gb",
+        "--mm-processor-cache-gb",
+        type=float,
+        help="GiB of items cached in memory, all workers together (default: 4, as vLLM's "
+        "--mm-processor-cache-gb; 0: no cache)",
+    )
     serve.add_argument("--served-model-name", nargs="*", default=[], help="names clients use")
     serve.add_argument(
         "--model-id", help="id items are hashed with: the path vLLM was given (default: model)"
@@ -160,6 +167,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.transform_threads is not None and args.transform_threads < 1:
         print(f"aiomm serve: --transform-threads must be at least 1, got {args.transform_threads}")
         return 2
+    if args.cache_gb is not None and not args.cache_gb >= 0:  # (NaN fails too)
+        print(f"aiomm serve: --cache-gb must be 0 or more, got {args.cache_gb}")
+        return 2
     configure_logging(level="INFO", json=True)  # one JSON line per request
     config = ServerConfig(
         model=args.model,
@@ -175,6 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
         allowed_local_media_path=args.allowed_local_media_path,
         shared_cache_url=args.shared_cache,
         transform_threads=args.transform_threads,
+        cache_bytes=None if args.cache_gb is None else int(args.cache_gb * 2**30),
     )
     try:
         return serve(

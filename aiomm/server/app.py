@@ -68,6 +68,11 @@ class ServerConfig:
     #: the engine's default, one per core (two workers with one each measured the same as with
     #: two each on 2 cores, and one each serialises a lone request's images)
     transform_threads: int | None = None
+    #: bytes of items the server caches in memory (``EngineConfig.cache_capacity_bytes``), all of
+    #: its processes together: :func:`~aiomm.server.serve.serve` gives each of ``--workers N`` an
+    #: N-th, since the workers read each other's items; 0 caches nothing; None: the engine's
+    #: default (4 GiB, vLLM's ``--mm-processor-cache-gb`` default) in all
+    cache_bytes: int | None = None
     #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None
 
@@ -120,6 +125,8 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
         engine_cfg = replace(engine_cfg, peer_cache_dir=config.peer_cache_dir)
     if config.transform_threads is not None:
         engine_cfg = replace(engine_cfg, transform_threads=config.transform_threads)
+    if config.cache_bytes is not None:
+        engine_cfg = replace(engine_cfg, cache_capacity_bytes=config.cache_bytes)
     root = config.allowed_local_media_path
     fetch_cfg = engine_cfg.fetch
     if root:

@@ -48,8 +48,14 @@ class ServerMetrics:
         )
         self.cache_total = Gauge(
             "aiomm_cache_events_total_engine",
-            "Engine cache hits, misses and joins since start",
+            "Engine cache hits, misses, joins and evictions since start",
             ["event"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "aiomm_cache_bytes",
+            "Engine cache: bytes of items held, and its capacity",
+            ["kind"],
             registry=r,
         )
 
@@ -81,10 +87,14 @@ class ServerMetrics:
                 self.queue.labels(name).set(q.in_use)
                 self.waiting.labels(name).set(q.waiting)
             cache = engine_stats.cache
-            for event in ("hits", "misses", "joins"):
+            for event in ("hits", "misses", "joins", "evictions"):
                 value = getattr(cache, event, None)
                 if isinstance(value, int):
                     self.cache_total.labels(event).set(value)
+            for kind, attr in (("held", "bytes"), ("capacity", "capacity_bytes")):
+                value = getattr(cache, attr, None)
+                if isinstance(value, int):
+                    self.cache_bytes.labels(kind).set(value)
             shared = getattr(cache, "shared", None)
             if isinstance(shared, PeerCacheStatistics):
                 for event, value in vars(shared).items():

@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from aiomm.config import EngineConfig
 from aiomm.logging import configure_logging
 from aiomm.memory import prefer_small_pages
 
@@ -59,7 +60,8 @@ def serve(
 
     ``peer_cache``: with several workers and no Redis tier, the workers copy items from each
     other (:mod:`aiomm.peer_cache`) through a private directory made here (on tmpfs where there
-    is one) and removed at exit.
+    is one) and removed at exit. ``config.cache_bytes`` (default: the engine's 4 GiB) is the
+    whole server's: each worker caches an equal share of it.
     """
     import uvicorn
 
@@ -83,6 +85,12 @@ def serve(
                     )
                 )
                 config = replace(config, peer_cache_dir=folder)
+            total = config.cache_bytes
+            if total is None:
+                total = EngineConfig.cache_capacity_bytes
+            # one budget for the server, not one per process: more workers must not multiply
+            # its memory, and with the peer tier their caches hold one set of items between them
+            config = replace(config, cache_bytes=total // workers)
             os.environ[_ENV] = _to_env(config)
             return run_workers(host, port, workers, options)
     uvicorn.run(create_app(config), host=host, port=port, **options)

@@ -56,6 +56,12 @@ def test_serve_refuses_zero_transform_threads(model_folder: Path, capsys: Any) -
     assert "--transform-threads must be at least 1" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_serve_refuses_a_negative_cache_size(model_folder: Path, capsys: Any, value: str) -> None:
+    assert main(["serve", str(model_folder), "--cache-gb", value]) == 2
+    assert "--cache-gb must be 0 or more" in capsys.readouterr().out
+
+
 def _start(model_folder: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     """``aiomm serve`` for the fixtures' folder, once its /health answers."""
     port = free_port()
@@ -137,7 +143,7 @@ def _peer_folder(pid: str) -> Path:
 
 
 def test_serve_workers_start_and_render(model_folder: Path) -> None:
-    proc, url = _start(model_folder, "--workers", "2")
+    proc, url = _start(model_folder, "--workers", "2", "--mm-processor-cache-gb", "1")
     try:
         workers = _workers(proc)
         assert len(workers) == 2
@@ -174,6 +180,13 @@ def test_serve_workers_start_and_render(model_folder: Path) -> None:
             for key in ("mm_hashes", "mm_placeholders", "kwargs_data"):
                 assert got["features"][key] == expected["features"][key], key
         assert any(p.name.startswith("i") for p in folder.iterdir())  # the image's link
+        # one cache budget for the server: each worker holds half of it
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        capacity, held = (
+            float(metrics.split(f'aiomm_cache_bytes{{kind="{kind}"}} ')[1].split()[0])
+            for kind in ("capacity", "held")
+        )
+        assert capacity == 2**29 and 0 < held <= capacity
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) in (0, -signal.SIGTERM)
         for pid in workers:

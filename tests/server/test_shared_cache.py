@@ -82,10 +82,15 @@ async def test_server_config_reaches_the_engine(model_folder: Path, tmp_path: Pa
     from aiomm.server.app import open_state
 
     config = ServerConfig(
-        model=str(model_folder), peer_cache_dir=str(tmp_path), transform_threads=1
+        model=str(model_folder),
+        peer_cache_dir=str(tmp_path),
+        transform_threads=1,
+        cache_bytes=96 << 20,
     )
     async with open_state(config) as state:
         engine_cfg = state.engine.config
         sockets = os.listdir(tmp_path)
+        capacity = state.engine.stats().cache.capacity_bytes
     assert engine_cfg.peer_cache_dir == str(tmp_path) and engine_cfg.transform_threads == 1
+    assert engine_cfg.cache_capacity_bytes == capacity == 96 << 20
     assert len(sockets) == 1 and sockets[0].endswith(".sock")
