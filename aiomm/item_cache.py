@@ -38,7 +38,8 @@ class CacheOutcome(enum.Enum):
     #: computed by the computation this caller started, but not stored: the backend refused it
     #: (larger than the whole cache) or :meth:`ItemCache.clear` ran while it was computed
     UNCACHED = "uncached"
-    #: read from the second (shared) tier, then stored in the first
+    #: read from the second (shared) tier, then stored in the first when the tier's
+    #: ``store_hit`` says so
     SHARED_HIT = "shared_hit"
     #: computed by another process while this one waited for it in the second tier
     SHARED_JOINED = "shared_joined"
@@ -46,6 +47,11 @@ class CacheOutcome(enum.Enum):
 
 class SecondTier(Protocol):
     """A cache behind the in-process one, consulted by the single computation of a key."""
+
+    def store_hit(self, key: str) -> bool:
+        """Whether the first tier keeps the value of ``key`` just read from this one (else it
+        serves that read only: the tier holds it for this process anyway)."""
+        ...
 
     async def get_or_compute(
         self, key: str, compute: Callable[[], Awaitable[Any]]
@@ -160,6 +166,9 @@ class ItemCache:
         async def store(result: T) -> None:
             nonlocal outcome
             if outcome is CacheOutcome.HIT:
+                return
+            second = self._second
+            if outcome is CacheOutcome.SHARED_HIT and second and not second.store_hit(key):
                 return
             stored = await self._backend.set(key, result)
             if stored and outcome is CacheOutcome.UNCACHED:

@@ -3,7 +3,10 @@
 Without it each worker caches only what it computed itself, so an image that comes back on
 another worker's connection is computed again: with N workers, a repeat finds its item only once
 in N times. With it, a worker that misses asks the worker that computed the item for a copy,
-which costs a few copies of the item's bytes instead of a decode, resize and patch layout.
+which costs a few copies of the item's bytes instead of a decode, resize and patch layout. The
+first copy of an item serves that request and is dropped (:meth:`PeerItemCache.store_hit`): the
+owner keeps it, so the workers' caches, which share one budget (``aiomm serve --cache-gb``),
+hold such an item once; an item a worker reads a second time is kept there too.
 
 The tier needs no server of its own. Every worker listens on a Unix socket in one private
 directory (``w<pid>-<random>.sock``), and announces each item it computed with a symbolic link
@@ -108,6 +111,9 @@ class PeerItemCache:
     :param max_links: links kept beyond this many are removed, oldest first.
     """
 
+    #: keys read from a peer and not kept, remembered so that a second read of one keeps it
+    _READ_ONCE_KEPT = 1 << 14
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -127,6 +133,7 @@ class PeerItemCache:
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._thread: threading.Thread | None = None
         self._links: OrderedDict[str, float] = OrderedDict()  # link name -> when made
+        self._read_once: OrderedDict[str, None] = OrderedDict()
         self._counts = dict.fromkeys(
             (
                 "hits",
@@ -223,6 +230,19 @@ class PeerItemCache:
         if self._server is not None:
             self._announce(name)
         return item, "computed"
+
+    def store_hit(self, key: str) -> bool:
+        """Whether the item of ``key`` just read from a peer is cached here too: from its second
+        read on. A copy read once serves that request and is dropped (the owner keeps it, and
+        the workers' caches, which share one budget, hold it once); an item this worker keeps
+        asking for is worth its memory here."""
+        if key in self._read_once:
+            del self._read_once[key]
+            return True
+        self._read_once[key] = None
+        if len(self._read_once) > self._READ_ONCE_KEPT:
+            self._read_once.popitem(last=False)
+        return False
 
     def statistics(self) -> PeerCacheStatistics:
         """Return a snapshot of the counters."""

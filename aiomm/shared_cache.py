@@ -216,6 +216,11 @@ class SharedItemCache:
         self._counts["misses"] += 1
         return await self._compute_holding(key, token, compute), "computed"
 
+    def store_hit(self, key: str) -> bool:
+        """Always: an item read from Redis is kept in the process too (the next read of it
+        would cross the network)."""
+        return True
+
     def statistics(self) -> SharedCacheStatistics:
         """Return a snapshot of the counters."""
         return SharedCacheStatistics(

@@ -72,8 +72,11 @@ async def test_an_item_computed_by_one_worker_is_copied_by_the_other(
         first = await a.process(req(data))
         announced = links(tmp_path)
         second = await b.process(req(data))
-        copied = b._pipeline.cache.cache.peek(second.item_hashes[0])  # type: ignore[union-attr]
+        held = b.stats().cache.entries
         again = await b.process(req(data))
+        third = await b.process(req(data))
+        key = second.item_hashes[0]
+        copied = await anyio.to_thread.run_sync(tier(b)._fetch, tier(a).socket_name, key)
         stats_a, stats_b = a.stats().cache, b.stats().cache
         sockets = {tier(a).socket_name, tier(b).socket_name}
         assert sockets <= names(tmp_path)
@@ -81,7 +84,10 @@ async def test_an_item_computed_by_one_worker_is_copied_by_the_other(
         reference = await alone.process(req(data))
     assert first.cache == [CacheOutcome.MISS]
     assert second.cache == [CacheOutcome.SHARED_HIT]
-    assert again.cache == [CacheOutcome.HIT]  # now in b's own cache
+    # b uses its first copy and drops it (a holds the item for both); the second it keeps
+    assert held == 0 and again.cache == [CacheOutcome.SHARED_HIT]
+    assert third.cache == [CacheOutcome.HIT]
+    assert stats_b.entries == stats_a.entries == 1
     assert (decoders[0].decodes, decoders[1].decodes) == (1, 0)
     assert list(announced.values()) == [tier(a).socket_name]
     for key, value in reference.mm_kwargs.items():
@@ -89,8 +95,8 @@ async def test_an_item_computed_by_one_worker_is_copied_by_the_other(
     assert second.prompt_token_ids == reference.prompt_token_ids
     # the payload was received onto the format's alignment
     assert all(v.data_ptr() % 64 == 0 for v in copied.data.values() if v.numel())
-    assert stats_a.shared.misses == 1 and stats_a.shared.served == 1
-    assert stats_b.shared.hits == 1 and stats_b.shared_hits == 1 and stats_b.shared.errors == 0
+    assert stats_a.shared.misses == 1 and stats_a.shared.served == 3
+    assert stats_b.shared.hits == 2 and stats_b.shared_hits == 2 and stats_b.shared.errors == 0
     assert stats_b.shared.bytes_read == stats_a.shared.bytes_written > 0
     assert names(tmp_path) == set()  # closing removed both sockets and a's link
 
@@ -262,3 +268,14 @@ async def test_many_peers_at_once_are_all_served(tmp_path: Path) -> None:
         for asker in askers:
             await asker.aclose()
         await owner.aclose()
+
+
+def test_a_key_read_from_a_peer_is_kept_from_its_second_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    peers = PeerItemCache(tmp_path)
+    monkeypatch.setattr(peers, "_READ_ONCE_KEPT", 2)
+    assert [peers.store_hit(k) for k in "abc"] == [False, False, False]
+    assert peers.store_hit("a") is False  # the oldest was forgotten: a first read again
+    assert peers.store_hit("c") is True and peers.store_hit("a") is True
+    assert peers.store_hit("c") is False  # kept once; a later copy counts afresh
