@@ -132,10 +132,16 @@ class ByteLRUCache(BaseCache):  # type: ignore[misc]  # aiocache is untyped
 
     # -- synchronous helpers -------------------------------------------------------------------
 
-    def peek(self, key: str, namespace: str | None = None) -> Any:
-        """Return the value of ``key`` or ``None``, without refreshing it or counting a hit."""
-        entry = self._live(self.build_key(key, namespace=namespace))
-        return None if entry is None else entry.value
+    def peek(self, key: str, namespace: str | None = None, *, refresh: bool = False) -> Any:
+        """Return the value of ``key`` or ``None``, without counting a hit; ``refresh`` makes it
+        the most recently used (a read on another's behalf, that should keep it)."""
+        built = self.build_key(key, namespace=namespace)
+        entry = self._live(built)
+        if entry is None:
+            return None
+        if refresh:
+            self._entries.move_to_end(built)
+        return entry.value
 
     def statistics(self) -> CacheStatistics:
         """Return a snapshot of the cache's size and counters."""

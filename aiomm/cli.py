@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -99,8 +100,9 @@ def _parser() -> argparse.ArgumentParser:
         "--cache-gb",
         "--mm-processor-cache-gb",
         type=float,
-        help="GiB of items cached in memory, all workers together (default: 4, as vLLM's "
-        "--mm-processor-cache-gb; 0: no cache)",
+        help="GiB of items cached in memory by the whole server, each of --workers N caching "
+        "an N-th (vLLM's flag of this name is per process; with one worker they agree; "
+        "default: 4; 0: none in memory)",
     )
     serve.add_argument("--served-model-name", nargs="*", default=[], help="names clients use")
     serve.add_argument(
@@ -167,7 +169,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.transform_threads is not None and args.transform_threads < 1:
         print(f"aiomm serve: --transform-threads must be at least 1, got {args.transform_threads}")
         return 2
-    if args.cache_gb is not None and not args.cache_gb >= 0:  # (NaN fails too)
+    if args.cache_gb is not None and not (math.isfinite(args.cache_gb) and args.cache_gb >= 0):
         print(f"aiomm serve: --cache-gb must be 0 or more, got {args.cache_gb}")
         return 2
     configure_logging(level="INFO", json=True)  # one JSON line per request

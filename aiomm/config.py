@@ -340,7 +340,8 @@ class EngineConfig:
     #: 11 bytes a pixel for RGB, 12 for 1-bit and greyscale, 24 with alpha; an in-memory array
     #: at its size); a single larger image is still admitted alone, so nothing starves
     max_decoded_bytes_in_flight: int = 1 << 30
-    #: in-process cache of per-item outputs, bounded in bytes; 0 disables caching
+    #: in-process cache of per-item outputs, bounded in bytes; 0 disables it (and the worker
+    #: tier of ``peer_cache_dir``, which serves from it; a Redis tier still caches)
     cache_capacity_bytes: int = 4 << 30
     #: dtype of the normalised ``pixel_values`` handed to the model
     visual_dtype: VisualDtype = "bfloat16"
@@ -373,7 +374,8 @@ class EngineConfig:
     shared_cache: SharedCacheConfig = field(default_factory=SharedCacheConfig)
     #: a directory the worker processes of one host share (``aiomm serve --workers N`` makes
     #: one): a worker that misses copies the item from the worker that computed it
-    #: (:mod:`aiomm.peer_cache`). Not used with ``shared_cache_url``, which already shares items.
+    #: (:mod:`aiomm.peer_cache`). Not used with ``shared_cache_url``, which already shares items,
+    #: nor with ``cache_capacity_bytes=0`` (nothing held to share).
     peer_cache_dir: str | None = None
     #: key items by ``Request.image_hashes`` when given (a hit skips the download); False hashes
     #: every image's content instead, for callers that do not trust their clients

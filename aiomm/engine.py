@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import time
 import uuid
@@ -249,7 +250,8 @@ class Engine:
         item_cache = ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared)
         if isinstance(shared, PeerItemCache):
             try:
-                await shared.start(item_cache.peek)
+                # a peer's read refreshes the item here: the owner's copy is often the only one
+                await shared.start(functools.partial(item_cache.peek, refresh=True))
             except OSError as exc:
                 await self.aclose()
                 raise ConfigError(
@@ -300,7 +302,9 @@ class Engine:
         """
         url = self.config.shared_cache_url
         if url is None:
-            if self.config.peer_cache_dir is None:
+            # the worker tier serves items from this process's cache: without one, every link
+            # it announced would only send peers on a round trip to a miss
+            if self.config.peer_cache_dir is None or self.config.cache_capacity_bytes == 0:
                 return None
             peer = PeerItemCache(self.config.peer_cache_dir)
             stack.push_async_callback(peer.aclose)

@@ -50,7 +50,7 @@ class SecondTier(Protocol):
 
     def store_hit(self, key: str) -> bool:
         """Whether the first tier keeps the value of ``key`` just read from this one (else it
-        serves that read only: the tier holds it for this process anyway)."""
+        serves that read only, and the next read asks this tier again)."""
         ...
 
     async def get_or_compute(
@@ -168,7 +168,11 @@ class ItemCache:
             if outcome is CacheOutcome.HIT:
                 return
             second = self._second
-            if outcome is CacheOutcome.SHARED_HIT and second and not second.store_hit(key):
+            if (
+                outcome is CacheOutcome.SHARED_HIT
+                and second is not None
+                and not second.store_hit(key)
+            ):
                 return
             stored = await self._backend.set(key, result)
             if stored and outcome is CacheOutcome.UNCACHED:
@@ -191,11 +195,14 @@ class ItemCache:
             self._hits += 1
         return value
 
-    def peek(self, key: str) -> Any:
-        """Return the cached value of ``key`` or ``None``, without refreshing or counting it.
+    def peek(self, key: str, *, refresh: bool = False) -> Any:
+        """Return the cached value of ``key`` or ``None``, without counting it; ``refresh``
+        makes it the most recently used in the default backend (others are only read).
 
         Backends without a synchronous ``peek`` (remote ones) always answer ``None``.
         """
+        if refresh and isinstance(self._backend, ByteLRUCache):
+            return self._backend.peek(key, refresh=True)
         peek = getattr(self._backend, "peek", None)
         return None if peek is None else peek(key)
 

@@ -448,7 +448,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
 
-    folder = Path(args.model_folder)
+    # the servers start in the logs folder: a relative path would resolve there
+    folder = Path(args.model_folder).resolve()
+    args.model_folder = str(folder)
+    if args.vllm_venv:
+        args.vllm_venv = str(Path(args.vllm_venv).resolve())
     if not (folder / "tokenizer.json").is_file():
         sys.path.insert(0, str(REPO / "tests" / "support"))
         from qwen2vl_folder import build_folder

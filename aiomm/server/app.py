@@ -70,8 +70,9 @@ class ServerConfig:
     transform_threads: int | None = None
     #: bytes of items the server caches in memory (``EngineConfig.cache_capacity_bytes``), all of
     #: its processes together: :func:`~aiomm.server.serve.serve` gives each of ``--workers N`` an
-    #: N-th, since the workers read each other's items; 0 caches nothing; None: the engine's
-    #: default (4 GiB, vLLM's ``--mm-processor-cache-gb`` default) in all
+    #: N-th, since the workers read each other's items; 0: nothing in memory (a Redis tier still
+    #: caches); None: the engine's default (4 GiB, vLLM's ``--mm-processor-cache-gb`` default,
+    #: which vLLM gives each process) in all
     cache_bytes: int | None = None
     #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None

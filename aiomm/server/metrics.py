@@ -48,15 +48,13 @@ class ServerMetrics:
         )
         self.cache_total = Gauge(
             "aiomm_cache_events_total_engine",
-            "Engine cache hits, misses, joins and evictions since start",
+            "Engine cache hits, misses, joins, evictions and items too large for it since start",
             ["event"],
             registry=r,
         )
-        self.cache_bytes = Gauge(
-            "aiomm_cache_bytes",
-            "Engine cache: bytes of items held, and its capacity",
-            ["kind"],
-            registry=r,
+        self.cache_bytes = Gauge("aiomm_cache_bytes", "Bytes of items the cache holds", registry=r)
+        self.cache_capacity = Gauge(
+            "aiomm_cache_capacity_bytes", "Bytes of items the cache may hold", registry=r
         )
 
         self.shared_cache = Gauge(
@@ -87,14 +85,17 @@ class ServerMetrics:
                 self.queue.labels(name).set(q.in_use)
                 self.waiting.labels(name).set(q.waiting)
             cache = engine_stats.cache
-            for event in ("hits", "misses", "joins", "evictions"):
+            for event in ("hits", "misses", "joins", "evictions", "oversize_skips"):
                 value = getattr(cache, event, None)
                 if isinstance(value, int):
                     self.cache_total.labels(event).set(value)
-            for kind, attr in (("held", "bytes"), ("capacity", "capacity_bytes")):
+            for gauge, attr in (
+                (self.cache_bytes, "bytes"),
+                (self.cache_capacity, "capacity_bytes"),
+            ):
                 value = getattr(cache, attr, None)
                 if isinstance(value, int):
-                    self.cache_bytes.labels(kind).set(value)
+                    gauge.set(value)
             shared = getattr(cache, "shared", None)
             if isinstance(shared, PeerCacheStatistics):
                 for event, value in vars(shared).items():

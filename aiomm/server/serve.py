@@ -28,7 +28,7 @@ from .http_protocol import RenderHttpProtocol
 from .render import RenderLimits
 from .workers import run_workers
 
-__all__ = ("app_from_env", "serve")
+__all__ = ("app_from_env", "serve", "worker_config")
 
 _ENV = "AIOMM_SERVE_CONFIG"
 
@@ -44,6 +44,17 @@ def _from_env(text: str) -> ServerConfig:
     data["limits"] = RenderLimits(**data["limits"])
     data["served_model_names"] = tuple(data["served_model_names"])
     return ServerConfig(**data)
+
+
+def worker_config(config: ServerConfig, workers: int) -> ServerConfig:
+    """``config`` as each of ``workers`` processes runs it: an equal share of the server's
+    ``cache_bytes`` (the engine's default when None)."""
+    total = config.cache_bytes
+    if total is None:
+        total = EngineConfig.cache_capacity_bytes
+    # one budget for the server, not one per process: more workers must not multiply its
+    # memory, and with the peer tier their caches hold one set of items between them
+    return replace(config, cache_bytes=total // workers)
 
 
 def app_from_env() -> Starlette:
@@ -85,13 +96,7 @@ def serve(
                     )
                 )
                 config = replace(config, peer_cache_dir=folder)
-            total = config.cache_bytes
-            if total is None:
-                total = EngineConfig.cache_capacity_bytes
-            # one budget for the server, not one per process: more workers must not multiply
-            # its memory, and with the peer tier their caches hold one set of items between them
-            config = replace(config, cache_bytes=total // workers)
-            os.environ[_ENV] = _to_env(config)
+            os.environ[_ENV] = _to_env(worker_config(config, workers))
             return run_workers(host, port, workers, options)
     uvicorn.run(create_app(config), host=host, port=port, **options)
     return 0

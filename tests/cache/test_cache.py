@@ -52,6 +52,11 @@ async def test_get_refreshes_recency_and_peek_does_not() -> None:
     await cache.set("e", tensor(100))
     assert [await cache.exists(k) for k in "acde"] == [True, False, True, True]
 
+    assert cache.peek("a", refresh=True) is not None  # saves a (a read on a peer's behalf)
+    assert cache.peek("zz", refresh=True) is None
+    await cache.set("f", tensor(100))
+    assert [await cache.exists(k) for k in "adef"] == [True, False, True, True]
+
 
 async def test_eviction_is_by_bytes_with_exact_accounting() -> None:
     cache = ByteLRUCache(1024)

@@ -173,3 +173,32 @@ async def test_foreign_aiocache_backend_works() -> None:
         assert await cache.backend.exists("k") is False
     stats = cache.statistics()
     assert (stats.hits, stats.misses, stats.entries, stats.bytes) == (1, 1, 0, 0)
+
+
+class _ReadTwiceTier:
+    """A second tier that holds every key and lets the first tier keep one from its second
+    read."""
+
+    def __init__(self) -> None:
+        self.reads: dict[str, int] = {}
+
+    async def get_or_compute(self, key: str, compute: object) -> tuple[torch.Tensor, str]:
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return torch.zeros(8, dtype=torch.uint8), "hit"
+
+    def store_hit(self, key: str) -> bool:
+        return self.reads[key] >= 2
+
+    def statistics(self) -> None:
+        return None
+
+
+async def test_a_second_tier_decides_which_of_its_hits_are_kept() -> None:
+    tier = _ReadTwiceTier()
+    compute = Compute()
+    async with anyio.create_task_group() as tg:
+        cache = ItemCache(tg, capacity_bytes=1024, second_tier=tier)
+        outcomes = [(await cache.get_or_compute("k", compute))[1] for _ in range(3)]
+        held = cache.statistics().entries
+    assert outcomes == [CacheOutcome.SHARED_HIT, CacheOutcome.SHARED_HIT, CacheOutcome.HIT]
+    assert tier.reads == {"k": 2} and held == 1 and compute.calls == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -99,6 +100,34 @@ async def test_an_item_computed_by_one_worker_is_copied_by_the_other(
     assert stats_b.shared.hits == 2 and stats_b.shared_hits == 2 and stats_b.shared.errors == 0
     assert stats_b.shared.bytes_read == stats_a.shared.bytes_written > 0
     assert names(tmp_path) == set()  # closing removed both sockets and a's link
+
+
+async def test_a_read_by_a_peer_keeps_the_item_at_its_owner(make_processor, tmp_path: Path) -> None:
+    processor = make_processor()
+    x, y, z = new_image(), new_image(), new_image()  # the same size: items of equal bytes
+    async with Engine(processor, EngineConfig(device="cpu")) as probe:
+        await probe.process(req(x))
+        item_bytes = probe.stats().cache.bytes
+    room_for_two = replace(config(tmp_path), cache_capacity_bytes=item_bytes * 5 // 2)
+    async with (
+        Engine(processor, room_for_two) as a,
+        Engine(processor, config(tmp_path)) as b,
+    ):
+        await a.process(req(x))
+        await a.process(req(y))
+        first = await b.process(req(x))  # x is now a's most recent item, y its oldest
+        await a.process(req(z))  # evicts y, not x
+        again = await b.process(req(x))
+        missed = await b.process(req(y))
+    assert first.cache == again.cache == [CacheOutcome.SHARED_HIT]
+    assert missed.cache == [CacheOutcome.MISS]
+
+
+async def test_no_worker_tier_without_an_in_process_cache(make_processor, tmp_path: Path) -> None:
+    async with Engine(make_processor(), replace(config(tmp_path), cache_capacity_bytes=0)) as e:
+        second = e._pipeline.cache.cache.second_tier  # type: ignore[union-attr]
+        listed = names(tmp_path)
+    assert second is None and listed == set()
 
 
 async def test_an_item_the_owner_no_longer_holds_is_computed_and_announced_again(

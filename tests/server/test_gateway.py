@@ -205,8 +205,9 @@ def test_metrics_and_models(gateway: Any, model_folder: Path) -> None:
     assert 'aiomm_errors_total{type="BadRequestError"}' in text
     assert "aiomm_images_total" in text and "aiomm_queue_in_use" in text
     assert 'aiomm_cache_events_total_engine{event="evictions"} 0.0' in text
-    held = float(text.split('aiomm_cache_bytes{kind="held"} ')[1].split()[0])
-    assert held > 0 and 'aiomm_cache_bytes{kind="capacity"}' in text
+    assert 'aiomm_cache_events_total_engine{event="oversize_skips"} 0.0' in text
+    held = float(text.split("\naiomm_cache_bytes ")[1].split()[0])
+    assert held > 0 and "\naiomm_cache_capacity_bytes " in text
     models = httpx.get(server.url + "/v1/models").json()
     assert models["data"][0]["id"] == str(model_folder)
     assert json.loads(httpx.get(server.url + "/health").text or "null") is None
