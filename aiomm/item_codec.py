@@ -40,6 +40,7 @@ __all__ = (
     "ITEM_PREFIX_BYTES",
     "decode_item",
     "encode_item",
+    "encode_item_parts",
     "item_header_bytes",
 )
 
@@ -76,6 +77,15 @@ def encode_item(item: MultiModalKwargsItem) -> bytes:
 
     :raises CacheValueError: a value that is neither a tensor of an allowed dtype nor plain JSON
         data, or a field config of a type this format does not know.
+    """
+    return b"".join(encode_item_parts(item))
+
+
+def encode_item_parts(item: MultiModalKwargsItem) -> list[bytes | memoryview]:
+    """:func:`encode_item` as the parts its bytes concatenate: the tensors' parts view their
+    memory (valid while ``item`` is), for a writer that sends them without joining them.
+
+    :raises CacheValueError: see :func:`encode_item`.
     """
     values: dict[str, Any] = {}
     chunks: list[memoryview | bytes] = []
@@ -122,7 +132,7 @@ def encode_item(item: MultiModalKwargsItem) -> bytes:
     for chunk in chunks:
         digest.update(chunk)
     prefix = _PREFIX.pack(_MAGIC, FORMAT_VERSION, 0, len(header), digest.digest())
-    return b"".join([prefix, header, *chunks])
+    return [prefix, header, *chunks]
 
 
 def item_header_bytes(prefix: bytes | bytearray | memoryview) -> int:

@@ -58,7 +58,7 @@ from aiomm.item_codec import (
     ITEM_ALIGN,
     ITEM_PREFIX_BYTES,
     decode_item,
-    encode_item,
+    encode_item_parts,
     item_header_bytes,
 )
 from aiomm.logging import get_logger
@@ -343,22 +343,25 @@ class PeerItemCache:
                 return
             key = bytes(_recv_into(sock, bytearray(length), deadline)).decode()
             item = self._held(key)
-            blob = None
+            parts = None
             if item is not None:
                 try:
-                    blob = encode_item(item)
+                    parts = encode_item_parts(item)
                 except CacheValueError:
-                    blob = None  # a value the format cannot hold: the peer computes it
-            if blob is None:
+                    parts = None  # a value the format cannot hold: the peer computes it
+            if parts is None:
                 with self._lock:
                     self._counts["served_misses"] += 1
                 sock.sendall(_REPLY.pack(0, 0))
                 return
-            sock.sendall(_REPLY.pack(1, len(blob)))
-            sock.sendall(blob)
+            # sent part by part from the item's own memory: no joined copy of megabytes
+            size = sum(memoryview(part).nbytes for part in parts)
+            sock.sendall(_REPLY.pack(1, size))
+            for part in parts:
+                sock.sendall(part)
             with self._lock:
                 self._counts["served"] += 1
-                self._counts["bytes_written"] += len(blob)
+                self._counts["bytes_written"] += size
         except Exception as exc:  # one peer's request: never the serving thread's end
             log.debug("peer_serve_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -369,10 +372,9 @@ class PeerItemCache:
         if lookup is None:
             return None
         try:
-            item = anyio.from_thread.run_sync(self._held_on_loop, key, token=self._token)
+            return anyio.from_thread.run_sync(self._held_on_loop, key, token=self._token)
         except Exception:  # the loop is closing, or the lookup failed: the peer computes it
             return None
-        return item
 
     def _held_on_loop(self, key: str) -> MultiModalKwargsItem | None:
         assert self._lookup is not None

@@ -8,7 +8,7 @@ import torch
 
 from aiomm.adapters import build_processor
 from aiomm.errors import CacheValueError
-from aiomm.item_codec import decode_item, encode_item
+from aiomm.item_codec import decode_item, encode_item, encode_item_parts
 from aiomm.processing.fields import (
     MultiModalFieldConfig,
     MultiModalKwargsItem,
@@ -61,6 +61,18 @@ def test_round_trip_every_dtype_and_field_kind() -> None:
     _assert_same(item, decode_item(bytearray(blob)))
     # raw bytes plus a small header: not much over the tensors themselves
     assert len(blob) < item.nbytes() + 2048
+
+
+def test_parts_are_the_bytes_and_view_the_tensors() -> None:
+    item = _item()
+    parts = encode_item_parts(item)
+    assert b"".join(parts) == encode_item(item)
+    tensors = [v for v in item.data.values() if isinstance(v, torch.Tensor) and v.numel()]
+    views = [np.frombuffer(p, np.uint8) for p in parts if isinstance(p, memoryview)]
+    assert tensors and views
+    for tensor in tensors:  # each tensor's bytes are sent from its own memory
+        raw = tensor.reshape(-1).view(torch.uint8).numpy()
+        assert any(np.shares_memory(view, raw) for view in views)
 
 
 def test_take_views_the_callers_buffer_and_copies_otherwise() -> None:
