@@ -248,15 +248,13 @@ class Engine:
             await self.device.pool.preallocate()
         self._stack, self._tg = stack, tg
         item_cache = ItemCache(tg, capacity_bytes=cfg.cache_capacity_bytes, second_tier=shared)
-        if isinstance(shared, PeerItemCache):
+        if shared is not None:
             try:
-                # a peer's read refreshes the item here: the owner's copy is often the only one
+                # a read on another process's behalf refreshes the item: its only copy may be here
                 await shared.start(functools.partial(item_cache.peek, refresh=True))
-            except OSError as exc:
+            except ConfigError:
                 await self.aclose()
-                raise ConfigError(
-                    f"EngineConfig.peer_cache_dir {cfg.peer_cache_dir!r} cannot be served: {exc}"
-                ) from exc
+                raise
         self._pipeline = Pipeline(
             load=LoadStage(fetcher, cfg.fetch_concurrency),
             hash=HashStage(

@@ -48,6 +48,14 @@ class CacheOutcome(enum.Enum):
 class SecondTier(Protocol):
     """A cache behind the in-process one, consulted by the single computation of a key."""
 
+    async def start(self, lookup: Callable[[str], Any]) -> None:
+        """Called once the first tier exists: ``lookup`` (on the event loop) reads an item it
+        holds, and counts as a use of it (a tier that serves other processes from it).
+
+        :raises ConfigError: the tier cannot start.
+        """
+        ...
+
     def store_hit(self, key: str) -> bool:
         """Whether the first tier keeps the value of ``key`` just read from this one (else it
         serves that read only, and the next read asks this tier again)."""

@@ -53,7 +53,7 @@ import anyio.lowlevel
 import numpy as np
 from blake3 import blake3
 
-from aiomm.errors import CacheValueError
+from aiomm.errors import CacheValueError, ConfigError
 from aiomm.item_codec import (
     ITEM_ALIGN,
     ITEM_PREFIX_BYTES,
@@ -155,7 +155,8 @@ class PeerItemCache:
     async def start(self, lookup: Callable[[str], MultiModalKwargsItem | None]) -> None:
         """Listen for peers; ``lookup`` (called on this event loop) finds an item held here.
 
-        :raises OSError: the directory is missing or the socket cannot be bound.
+        :raises ConfigError: the directory is missing or not private, or the socket cannot be
+            bound.
         """
         if self._server is not None:
             raise RuntimeError("PeerItemCache.start was already called")
@@ -172,8 +173,13 @@ class PeerItemCache:
             # socketserver's default of 5 refuses a burst of peers' misses at once (EAGAIN)
             request_queue_size = socket.SOMAXCONN
 
-        _check_private(self.directory)
-        server = Server(str(path), Handler)
+        try:
+            _check_private(self.directory)
+            server = Server(str(path), Handler)
+        except OSError as exc:
+            raise ConfigError(
+                f"EngineConfig.peer_cache_dir {str(self.directory)!r} cannot be served: {exc}"
+            ) from exc
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(

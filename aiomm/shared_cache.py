@@ -216,6 +216,9 @@ class SharedItemCache:
         self._counts["misses"] += 1
         return await self._compute_holding(key, token, compute), "computed"
 
+    async def start(self, lookup: Callable[[str], Any]) -> None:
+        """Nothing to start: Redis serves the other replicas itself."""
+
     def store_hit(self, key: str) -> bool:
         """Always: an item read from Redis is kept in the process too (the next read of it
         would cross the network)."""
