@@ -120,14 +120,13 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     engine_cfg = config.engine or EngineConfig(device="cpu", torch_threads=1)
     if not engine_cfg.return_items:
         engine_cfg = replace(engine_cfg, return_items=True)
-    if config.shared_cache_url:
-        engine_cfg = replace(engine_cfg, shared_cache_url=config.shared_cache_url)
-    if config.peer_cache_dir:
-        engine_cfg = replace(engine_cfg, peer_cache_dir=config.peer_cache_dir)
-    if config.transform_threads is not None:
-        engine_cfg = replace(engine_cfg, transform_threads=config.transform_threads)
-    if config.cache_bytes is not None:
-        engine_cfg = replace(engine_cfg, cache_capacity_bytes=config.cache_bytes)
+    overrides = {
+        "shared_cache_url": config.shared_cache_url or None,
+        "peer_cache_dir": config.peer_cache_dir or None,
+        "transform_threads": config.transform_threads,
+        "cache_capacity_bytes": config.cache_bytes,
+    }
+    engine_cfg = replace(engine_cfg, **{k: v for k, v in overrides.items() if v is not None})
     root = config.allowed_local_media_path
     fetch_cfg = engine_cfg.fetch
     if root:
