@@ -104,6 +104,14 @@ def _parser() -> argparse.ArgumentParser:
         "an N-th (vLLM's flag of this name is per process; with one worker they agree; "
         "default: 4; 0: none in memory)",
     )
+    serve.add_argument(
+        "--cache-pretouch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fault in each process's cache budget before serving, so the cache's growth "
+        "costs no page faults under load (default: on; the budget's memory is then held "
+        "from the start)",
+    )
     serve.add_argument("--served-model-name", nargs="*", default=[], help="names clients use")
     serve.add_argument(
         "--model-id", help="id items are hashed with: the path vLLM was given (default: model)"
@@ -188,6 +196,7 @@ def _serve(args: argparse.Namespace) -> int:
         shared_cache_url=args.shared_cache,
         transform_threads=args.transform_threads,
         cache_bytes=None if args.cache_gb is None else int(args.cache_gb * 2**30),
+        cache_pretouch=args.cache_pretouch,
     )
     try:
         return serve(

@@ -15,7 +15,9 @@ aiomm/vLLM ratios.
 
     python bench/render_bench.py [--vllm-venv /tmp/vllm-venv] [--n 60] [--concurrency 8 32]
 
-Without ``--vllm-venv`` only aiomm is measured. Both servers get the same model folder path
+``--compare-flags=FLAGS`` also runs ``aiomm-b``, a second aiomm server with FLAGS appended, in
+the same rounds, and prints aiomm/aiomm-b ratios (one change measured side by side). Without
+``--vllm-venv`` only aiomm is measured. Both servers get the same model folder path
 (``--model-folder``; built offline when missing), so their mm_hashes agree.
 """
 
@@ -28,6 +30,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -429,6 +432,22 @@ class Server:
         self.log.close()
 
 
+def aiomm_command(args: argparse.Namespace, port: int, flags: list[str]) -> list[str]:
+    """``aiomm serve`` of the benchmark's folder on ``port``, with ``flags`` appended."""
+    cmd = [
+        str(Path(sys.executable).with_name("aiomm")),
+        "serve",
+        str(args.model_folder),
+        "--port",
+        str(port),
+        "--workers",
+        str(args.workers),
+    ]
+    if args.cache_gb is not None:
+        cmd += ["--cache-gb", str(args.cache_gb)]
+    return cmd + flags
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-folder", default="/tmp/vllm-probe/qwen2vl")
@@ -444,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="aiomm serve --workers")
     parser.add_argument(
         "--cache-gb", type=float, help="aiomm serve --cache-gb (default: aiomm's default)"
+    )
+    parser.add_argument(
+        "--compare-flags",
+        help="also run 'aiomm-b', an aiomm server with these extra flags, in the same rounds "
+        "(with '=': --compare-flags=--no-cache-pretouch)",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -468,21 +492,18 @@ def main(argv: list[str] | None = None) -> int:
         "PYTHONHASHSEED": "0",
         "CUDA_VISIBLE_DEVICES": "",
     }
-    port = _free_port()
-    aiomm = [
-        str(Path(sys.executable).with_name("aiomm")),
-        "serve",
-        str(folder),
-        "--port",
-        str(port),
-        "--workers",
-        str(args.workers),
-    ]
-    if args.cache_gb is not None:
-        aiomm += ["--cache-gb", str(args.cache_gb)]
     with contextlib.ExitStack() as stack:
-        started = stack.enter_context(Server(aiomm, env, port, logs / "aiomm.log", args.workers))
-        servers = {"aiomm": (started.url + "/v1/chat/completions/render", started.proc.pid)}
+        servers = {}
+        variants = {"aiomm": []}
+        if args.compare_flags is not None:
+            variants["aiomm-b"] = shlex.split(args.compare_flags)
+        for name, flags in variants.items():
+            port = _free_port()
+            cmd = aiomm_command(args, port, flags)
+            started = stack.enter_context(
+                Server(cmd, env, port, logs / f"{name}.log", args.workers)
+            )
+            servers[name] = (started.url + "/v1/chat/completions/render", started.proc.pid)
         if args.vllm_venv:
             port = _free_port()
             vllm = [
@@ -523,6 +544,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     by = {(r.server, r.concurrency): r for r in results}
     for c in args.concurrency:
+        a, b = by.get(("aiomm", c)), by.get(("aiomm-b", c))
+        if a and b:
+            print(
+                f"c={c}: aiomm/aiomm-b ({args.compare_flags}) images/s "
+                f"x{a.images_per_s / b.images_per_s:.2f}, CPU per image "
+                f"x{a.server_cpu_ms_per_image / b.server_cpu_ms_per_image:.2f}"
+            )
         a, v = by.get(("aiomm", c)), by.get(("vllm", c))
         if a and v:
             print(

@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from aiomm import memory
 from aiomm.adapters import hf_class_name
 from aiomm.config import EngineConfig
 from aiomm.engine import Engine
@@ -74,6 +75,10 @@ class ServerConfig:
     #: caches); None: the engine's default (4 GiB, vLLM's ``--mm-processor-cache-gb`` default,
     #: which vLLM gives each process) in all
     cache_bytes: int | None = None
+    #: fault in this process's cache budget before serving (:func:`aiomm.memory.pretouch_heap`;
+    #: ``aiomm serve`` turns it on): the cache's growth then costs no page faults while it
+    #: serves; the process holds the budget's memory from its start
+    cache_pretouch: bool = False
     #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None
 
@@ -131,6 +136,8 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     fetch_cfg = engine_cfg.fetch
     if root:
         fetch_cfg = replace(fetch_cfg, allowed_local_root=Path(root))
+    if config.cache_pretouch:
+        memory.use_one_arena()  # before the engine starts its threads
     base = Engine.from_pretrained(folder, engine_cfg)
     loader = video_loader(hf_class_name(getattr(base.processor, "video_processor", None)))
     decoder = VllmDecoder(
@@ -144,6 +151,10 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     async with contextlib.AsyncExitStack() as stack:
         fetcher = await stack.enter_async_context(MediaFetcher(fetch_cfg))
         await stack.enter_async_context(engine)
+        if config.cache_pretouch:
+            state.metrics.cache_pretouched.set(
+                memory.pretouch_heap(engine_cfg.cache_capacity_bytes)
+            )
         state.service = RenderService(
             engine,
             tokenizer,

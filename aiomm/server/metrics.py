@@ -56,7 +56,11 @@ class ServerMetrics:
         self.cache_capacity = Gauge(
             "aiomm_cache_capacity_bytes", "Bytes of items the cache may hold", registry=r
         )
-
+        self.cache_pretouched = Gauge(
+            "aiomm_cache_pretouched_bytes",
+            "Bytes of memory faulted in for the cache before serving (--cache-pretouch)",
+            registry=r,
+        )
         self.shared_cache = Gauge(
             "aiomm_shared_cache_events_total_engine",
             "Shared (Redis) cache tier: hits, misses, remote joins, bytes, errors, lease waits",

@@ -75,3 +75,61 @@ async def test_engine_applies_it_unless_configured_off(
         pass
     assert calls == [1]
     assert memory.DEFAULT_MMAP_THRESHOLD == 32 << 20
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+@pytest.mark.parametrize("pretouch", [True, False], ids=["pretouched", "not-pretouched"])
+def test_pretouched_heap_serves_a_growing_cache_without_faults(pretouch: bool) -> None:
+    """A cache that only grows (items of 1-5 MiB kept, from two threads) takes the memory
+    :func:`pretouch_heap` faulted in; without it every kept page is a fresh fault."""
+    code = f"""
+import resource, threading, numpy as np
+from aiomm import memory
+assert memory.use_one_arena()
+touched = memory.pretouch_heap(96 << 20) if {pretouch} else 0
+def faults(): return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+kept, pages = [], [0]
+def grow(seed):
+    for i in range(8):
+        item = np.ones((1 + (seed + i) % 5) << 20, np.uint8)
+        kept.append(item)
+        pages[0] += item.nbytes // 4096
+before = faults()
+threads = [threading.Thread(target=grow, args=(k,)) for k in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(touched, (faults() - before) / pages[0])
+"""
+    touched, fault_share = last_line(code).split()
+    if pretouch:
+        assert int(touched) >= 96 << 20
+        assert float(fault_share) < 0.05
+    else:
+        assert float(fault_share) > 0.5
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_pretouched_memory_is_returned_when_the_last_engine_closes() -> None:
+    code = """
+from aiomm import memory
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+memory.engine_opened()
+base = rss()
+touched = memory.pretouch_heap(128 << 20)
+held = rss() - base
+memory.release_after_last_engine()
+print(touched, held >> 20, (rss() - base) >> 20)
+"""
+    touched, held_mib, after_mib = (int(v) for v in last_line(code).split())
+    assert touched >= 128 << 20
+    assert held_mib >= 128  # faulted in and kept while an engine is open
+    assert after_mib < 16  # the fence freed, the heap trimmed
+
+
+def test_pretouch_does_nothing_beyond_the_hosts_memory_or_under_operator_tunables() -> None:
+    code = "from aiomm import memory; print(memory.pretouch_heap(1 << 50))"
+    assert last_line(code) == "0"  # a petabyte: refused (a warning), nothing touched
+    env = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}
+    code = "from aiomm import memory; print(memory.use_one_arena(), memory.pretouch_heap(1 << 20))"
+    assert last_line(code, env=env) == "False 0"

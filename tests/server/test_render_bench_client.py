@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
+import json
 import os
 import re
 import sys
@@ -222,3 +223,24 @@ def test_client_copies_a_head_not_the_body() -> None:
     status, size, copied = bench._run(fetch())
     assert (status, size) == (200, len(body))
     assert copied <= 2 * bench._HEAD_BYTES
+
+
+def test_bench_compares_two_aiomm_servers_in_one_run(
+    model_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--compare-flags``: a second aiomm server with other flags, in the same rounds."""
+    bench = _bench()
+    args = argparse.Namespace(model_folder="/m", workers=2, cache_gb=0.5)
+    assert bench.aiomm_command(args, 9, ["--no-cache-pretouch"])[1:] == [
+        "serve", "/m", "--port", "9", "--workers", "2", "--cache-gb", "0.5", "--no-cache-pretouch"
+    ]  # fmt: skip
+    out = tmp_path / "results.json"
+    argv = [
+        *("--model-folder", str(model_folder), "--n", "4", "--concurrency", "2", "--rounds", "1"),
+        *("--cache-gb", "0.1", "--compare-flags=--no-cache-pretouch", "--json", str(out)),
+    ]
+    assert bench.main(argv) == 0
+    assert "c=2: aiomm/aiomm-b (--no-cache-pretouch) images/s x" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["combined"]
+    assert sorted(r["server"] for r in rows) == ["aiomm", "aiomm-b"]
+    assert all(r["images"] > 0 and r["server_cpu_ms_per_image"] > 0 for r in rows)

@@ -62,6 +62,23 @@ def test_serve_refuses_a_negative_cache_size(model_folder: Path, capsys: Any, va
     assert "--cache-gb must be 0 or more" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("flags", "pretouch"), [((), True), (("--no-cache-pretouch",), False)], ids=["default", "off"]
+)
+def test_serve_pretouches_the_cache_unless_told_not_to(
+    model_folder: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], pretouch: bool
+) -> None:
+    from aiomm.server import ServerConfig
+
+    served: list[ServerConfig] = []
+    monkeypatch.setattr(
+        "aiomm.server.serve.serve", lambda config, **kwargs: served.append(config) or 0
+    )
+    assert main(["serve", str(model_folder), *flags]) == 0
+    assert [c.cache_pretouch for c in served] == [pretouch]
+    assert ServerConfig(model="m").cache_pretouch is False  # an app mounted elsewhere: off
+
+
 def test_workers_share_one_cache_budget() -> None:
     from aiomm.config import EngineConfig
     from aiomm.server import ServerConfig
@@ -199,6 +216,11 @@ def test_serve_workers_start_and_render(model_folder: Path) -> None:
             for name in ("aiomm_cache_capacity_bytes", "aiomm_cache_bytes")
         )
         assert set(capacity) == {2**29} and 0 < max(held) <= 2**29, held
+        # each worker faulted its half in before it served (aiomm serve's default)
+        pretouched = {
+            float(text.split("\naiomm_cache_pretouched_bytes ")[1].split()[0]) for text in scraped
+        }
+        assert pretouched == {2**29}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) in (0, -signal.SIGTERM)
         for pid in workers:
@@ -216,7 +238,7 @@ def _state(pid: str) -> str:
 
 
 def test_serve_process_drains_on_sigterm(model_folder: Path) -> None:
-    proc, url = _start(model_folder)
+    proc, url = _start(model_folder, "--cache-gb", "0.25")
     try:
         case = json.loads(FIXTURE.read_text())
         result: dict[str, Any] = {}
@@ -292,7 +314,7 @@ def test_serve_workers_that_fail_at_start_stop_the_server(tmp_path: Path) -> Non
 
 
 def test_serve_restarts_a_worker_that_dies_while_serving(model_folder: Path) -> None:
-    proc, url = _start(model_folder, "--workers", "2")
+    proc, url = _start(model_folder, "--workers", "2", "--cache-gb", "0.25")
     try:
         port = int(url.rsplit(":", 1)[1])
 
@@ -319,7 +341,7 @@ def test_serve_restarts_a_worker_that_dies_while_serving(model_folder: Path) -> 
 
 
 def test_serve_workers_end_when_the_supervisor_is_killed(model_folder: Path) -> None:
-    proc, _ = _start(model_folder, "--workers", "2")
+    proc, _ = _start(model_folder, "--workers", "2", "--cache-gb", "0.25")
     try:
         workers = _workers(proc)
         assert len(workers) == 2
