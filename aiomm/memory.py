@@ -156,11 +156,12 @@ def pretouch_heap(nbytes: int) -> int:
     above the touched memory keeps glibc from trimming it as the heap's free top; the last
     engine's close frees it and trims the heap (:func:`release_after_last_engine`).
 
-    Does nothing when the malloc settings are not in force (:func:`tune_malloc`,
-    :func:`use_one_arena`) or when ``nbytes`` exceeds 80% of the host's available memory (it
+    Does nothing unless the engine's malloc settings are in force (:func:`tune_malloc`: the
+    blocks must come from the heap, not from mappings unmapped when freed) and one arena can be
+    set (:func:`use_one_arena`), or when ``nbytes`` exceeds 80% of the host's available memory (it
     would only trade a slow cache for an out-of-memory kill at start-up; a warning is logged).
     """
-    if nbytes <= 0 or not tune_malloc() or not use_one_arena():
+    if nbytes <= 0 or not _applied or not use_one_arena():
         return 0
     available = _mem_available()
     if available is not None and nbytes > available * _PRETOUCH_AVAILABLE_SHARE:

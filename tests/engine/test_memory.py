@@ -85,7 +85,7 @@ def test_pretouched_heap_serves_a_growing_cache_without_faults(pretouch: bool) -
     code = f"""
 import resource, threading, numpy as np
 from aiomm import memory
-assert memory.use_one_arena()
+assert memory.tune_malloc() and memory.use_one_arena()
 touched = memory.pretouch_heap(96 << 20) if {pretouch} else 0
 def faults(): return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 kept, pages = [], [0]
@@ -115,6 +115,8 @@ from aiomm import memory
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 memory.engine_opened()
+assert memory.tune_malloc()
+memory.undo_on_last_close("malloc", memory.untune_malloc)  # as the engine does
 base = rss()
 touched = memory.pretouch_heap(128 << 20)
 held = rss() - base
@@ -127,9 +129,22 @@ print(touched, held >> 20, (rss() - base) >> 20)
     assert after_mib < 16  # the fence freed, the heap trimmed
 
 
-def test_pretouch_does_nothing_beyond_the_hosts_memory_or_under_operator_tunables() -> None:
-    code = "from aiomm import memory; print(memory.pretouch_heap(1 << 50))"
-    assert last_line(code) == "0"  # a petabyte: refused (a warning), nothing touched
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_pretouch_needs_the_malloc_settings_and_room_on_the_host() -> None:
+    code = "from aiomm import memory; print(memory.pretouch_heap(1 << 20))"
+    assert last_line(code) == "0"  # malloc not tuned: the blocks would be mappings
+    code = (
+        "from aiomm import memory; memory.tune_malloc(); "
+        "print(memory.pretouch_heap(1 << 50), memory.pretouch_heap(1 << 20) >= 1 << 20)"
+    )
+    # a petabyte is refused (a warning), nothing touched; a megabyte is touched
+    assert last_line(code) == "0 True"
+
+
+def test_pretouch_leaves_operator_tunables_alone() -> None:
     env = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}
-    code = "from aiomm import memory; print(memory.use_one_arena(), memory.pretouch_heap(1 << 20))"
-    assert last_line(code, env=env) == "False 0"
+    code = (
+        "from aiomm import memory; "
+        "print(memory.tune_malloc(), memory.use_one_arena(), memory.pretouch_heap(1 << 20))"
+    )
+    assert last_line(code, env=env) == "False False 0"
