@@ -253,11 +253,15 @@ class _Connection:
             await self._recv()
         first = bytes(self.buf[: min(self.have, size, 300)])
         await self._discard(size)
+        if "close" in fields.get("connection", "").lower():
+            self.close()  # as HTTP clients do: the next request opens a new connection
         return status, size, first
 
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
+            self.sock = None
+            self.have, self.lowat = 0, 1
 
 
 def _run(coro: Any) -> Any:

@@ -19,6 +19,9 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from . import connection_balance
+from .connection_balance import ConnectionBalance
+
 __all__ = ("DIRECT_WRITE_BYTES", "DirectWriteTransport", "RenderHttpProtocol")
 
 #: writes from this size on go to the socket with the GIL released (the response writer sends
@@ -78,7 +81,32 @@ class DirectWriteTransport:
 
 
 class RenderHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over a :class:`DirectWriteTransport`."""
+    """uvicorn's httptools protocol over a :class:`DirectWriteTransport`; in a worker of
+    several, a connection beyond the worker's fair share is closed after its next response
+    (:mod:`.connection_balance`)."""
+
+    _balance: ConnectionBalance | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(DirectWriteTransport(transport))  # type: ignore[arg-type]
+        self._balance = connection_balance.current()
+        if self._balance is not None:
+            self._balance.opened()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._balance is not None:
+            self._balance.released()
+            self._balance = None
+        super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if (
+            self._balance is not None
+            and cycle is not None
+            and cycle.keep_alive
+            and self._balance.should_shed()
+        ):
+            cycle.keep_alive = False  # "Connection: close" on the response, then closed
+            self._balance = None  # no longer counted here

@@ -4,7 +4,9 @@ its own (``SO_REUSEPORT``), so that the kernel spreads connections over them.
 uvicorn's own supervisor gives every worker one shared listening socket; whichever worker wakes
 first accepts, and a burst of new connections (a client pool opening eight at once) can all land
 on one worker while the others idle. With a socket per worker the kernel picks a worker for each
-connection by a hash of its addresses, so a pool's connections spread over the workers.
+connection by a hash of its addresses, so a pool's connections spread over the workers; a hash
+can still give one worker more than its share of a few long-lived connections, so the workers
+even them out at request boundaries (:mod:`.connection_balance`).
 
 The supervisor starts the workers (spawned: each imports the app from ``AIOMM_SERVE_CONFIG``)
 and starts a worker again when one dies, pausing longer each time one keeps dying; a worker that
@@ -26,6 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiomm.logging import get_logger
+
+from . import connection_balance
+from .connection_balance import NOT_SERVING, ConnectionBalance
 
 __all__ = ("ListenError", "listening_socket", "run_workers")
 
@@ -91,16 +96,33 @@ def _end_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _worker(host: str, port: int, options: dict[str, Any], ready: Any, parent: int) -> None:
+def _worker(
+    host: str,
+    port: int,
+    options: dict[str, Any],
+    ready: Any,
+    parent: int,
+    counts: Any = None,
+    index: int = 0,
+) -> None:
     import uvicorn
 
     _end_with_parent(parent)
+    balance = ConnectionBalance(counts, index) if counts is not None else None
+    connection_balance.install(balance)
 
     class Worker(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started:
+                if balance is not None:
+                    balance.serving()
                 ready.set()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if balance is not None:
+                balance.serving(False)
+            await super().shutdown(sockets)
 
     sock = listening_socket(host, port)
     config = uvicorn.Config(
@@ -138,6 +160,7 @@ def run_workers(host: str, port: int, workers: int, options: dict[str, Any]) -> 
 
     @dataclass
     class Slot:
+        index: int
         process: Any = None
         ready: Any = None
         first: bool = True  # the server's start: a failure there stops the server
@@ -145,16 +168,21 @@ def run_workers(host: str, port: int, workers: int, options: dict[str, Any]) -> 
         restart_at: float | None = None
         ready_since: float | None = None
 
+    # each worker's open connections (NOT_SERVING while it does not serve): the workers even
+    # them out (connection_balance)
+    counts = context.RawArray("q", [NOT_SERVING] * workers)
+
     def start(slot: Slot) -> None:
         slot.ready = context.Event()
         slot.process = context.Process(
-            target=_worker, args=(host, port, options, slot.ready, os.getpid())
+            target=_worker,
+            args=(host, port, options, slot.ready, os.getpid(), counts, slot.index),
         )
         slot.restart_at = slot.ready_since = None
         slot.process.start()
 
     status = 0
-    slots = [Slot() for _ in range(workers)]
+    slots = [Slot(i) for i in range(workers)]
     try:
         for slot in slots:
             start(slot)
@@ -179,6 +207,7 @@ def run_workers(host: str, port: int, workers: int, options: dict[str, Any]) -> 
                     status = 1
                     stopping.append(0)
                     break
+                counts[slot.index] = NOT_SERVING  # its connections died with it
                 log.warning("worker_died", pid=slot.process.pid, code=code, restart_in=slot.delay)
                 slot.restart_at = now + slot.delay
                 slot.delay = min(_MAX_RESTART_DELAY_S, max(1.0, 2 * slot.delay))

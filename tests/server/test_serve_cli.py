@@ -186,14 +186,17 @@ def test_serve_workers_start_and_render(model_folder: Path) -> None:
         try:
             for conn in burst:
                 conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            for conn in burst:
-                assert conn.recv(1024).startswith(b"HTTP/1.1 200")
+            heads = [conn.recv(1024) for conn in burst]
+            assert all(head.startswith(b"HTTP/1.1 200") for head in heads)
+            # a worker two or more connections ahead closes its surplus after the response
+            shed = sum(b"connection: close" in head.lower() for head in heads)
+            time.sleep(0.5)
             served = _established(port)
             held = [len(_socket_inodes(pid) & served) for pid in workers]
         finally:
             for conn in burst:
                 conn.close()
-        assert sum(held) == 16 and min(held) > 0, held
+        assert sum(held) + shed == 16 and min(held) > 0, (held, shed)
         # the workers share items through a private folder, one socket each
         folder = _peer_folder(workers[0])
         assert folder.stat().st_mode & 0o777 == 0o700
