@@ -356,3 +356,32 @@ def test_serve_workers_end_when_the_supervisor_is_killed(model_folder: Path) -> 
         assert all(_state(pid) == "Z" for pid in workers)
     finally:
         _stop(proc)
+
+
+def test_serve_workers_even_out_a_pools_connections(model_folder: Path) -> None:
+    """Eight keep-alive connections end four on each worker, whatever the kernel's first
+    split: a worker two ahead answers with ``Connection: close`` and the client reconnects."""
+    proc, url = _start(model_folder, "--workers", "2", "--cache-gb", "0.25")
+    clients = [httpx.Client(base_url=url, timeout=30) for _ in range(8)]
+    try:
+        workers = _workers(proc)
+        port = int(url.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 120
+        while len(_listening(port)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held: list[int] = []
+        closed = 0
+        for _ in range(30):
+            for client in clients:
+                r = client.get("/health")
+                assert r.status_code == 200
+                closed += r.headers.get("connection") == "close"
+            served = _established(port)
+            held = sorted(len(_socket_inodes(pid) & served) for pid in workers)
+            if held == [4, 4]:
+                break
+        assert held == [4, 4], (held, closed)
+    finally:
+        for client in clients:
+            client.close()
+        _stop(proc)
