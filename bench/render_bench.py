@@ -547,21 +547,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.machine_idle_cores:>5} {r.mb_received:>8}"
         )
     by = {(r.server, r.concurrency): r for r in results}
+    against = {"aiomm-b": f"aiomm/aiomm-b ({args.compare_flags})", "vllm": "aiomm/vLLM"}
     for c in args.concurrency:
-        a, b = by.get(("aiomm", c)), by.get(("aiomm-b", c))
-        if a and b:
-            print(
-                f"c={c}: aiomm/aiomm-b ({args.compare_flags}) images/s "
-                f"x{a.images_per_s / b.images_per_s:.2f}, CPU per image "
-                f"x{a.server_cpu_ms_per_image / b.server_cpu_ms_per_image:.2f}"
-            )
-        a, v = by.get(("aiomm", c)), by.get(("vllm", c))
-        if a and v:
-            print(
-                f"c={c}: aiomm/vLLM images/s x{a.images_per_s / v.images_per_s:.2f}, "
-                f"CPU per image x{a.server_cpu_ms_per_image / v.server_cpu_ms_per_image:.2f}, "
-                f"p50 x{a.p50_ms / v.p50_ms:.2f}"
-            )
+        a = by.get(("aiomm", c))
+        for other, label in against.items():
+            b = by.get((other, c))
+            if a and b:
+                print(
+                    f"c={c}: {label} images/s x{a.images_per_s / b.images_per_s:.2f}, "
+                    f"CPU per image x{a.server_cpu_ms_per_image / b.server_cpu_ms_per_image:.2f}, "
+                    f"p50 x{a.p50_ms / b.p50_ms:.2f}"
+                )
     if args.json:
         args.json.write_text(
             json.dumps(
