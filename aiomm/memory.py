@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from aiomm.logging import get_logger
 
@@ -36,6 +37,7 @@ __all__ = (
     "DEFAULT_TRIM_THRESHOLD",
     "engine_opened",
     "prefer_small_pages",
+    "pretouch_fits",
     "pretouch_heap",
     "release_after_last_engine",
     "trim_heap",
@@ -125,12 +127,13 @@ def prefer_small_pages() -> None:
 
 
 def use_one_arena() -> bool:
-    """Have every thread that allocates from now on use glibc's main malloc arena; True when
-    that is in force. For :func:`pretouch_heap`: memory it leaves free in the main arena serves
-    only threads allocating from it (each thread otherwise gets an arena of its own). Threads
-    given an arena before the call keep it, so a process calls this before starting threads;
-    the setting lasts as long as the process (glibc fixes its arena limit once it is used).
-    False off glibc, or when ``GLIBC_TUNABLES`` sets malloc options (the operator's choice)."""
+    """Limit glibc to one malloc arena, so that threads allocate from the main arena; True when
+    the limit was set. For :func:`pretouch_heap`: memory it leaves free in the main arena serves
+    only threads allocating from it (each thread otherwise gets an arena of its own). Arenas made
+    before the call stay and are still handed to new threads, and glibc ignores the limit once
+    it has fixed its own (after eight arenas), so a process calls this before it starts threads
+    (a server's worker has one heap then). The limit lasts as long as the process. False off
+    glibc, or when ``GLIBC_TUNABLES`` sets malloc options (the operator's choice)."""
     global _one_arena
     with _lock:
         if _one_arena is None:
@@ -161,11 +164,7 @@ def pretouch_heap(nbytes: int) -> int:
     set (:func:`use_one_arena`), or when ``nbytes`` exceeds 80% of the host's available memory (it
     would only trade a slow cache for an out-of-memory kill at start-up; a warning is logged).
     """
-    if nbytes <= 0 or not _applied or not use_one_arena():
-        return 0
-    available = _mem_available()
-    if available is not None and nbytes > available * _PRETOUCH_AVAILABLE_SHARE:
-        log.warning("memory.pretouch_skipped", bytes=nbytes, available_bytes=available)
+    if nbytes <= 0 or not _applied or not use_one_arena() or not pretouch_fits(nbytes):
         return 0
     malloc, free = _libc_function("malloc"), _libc_function("free")
     realloc = _libc_function("realloc")
@@ -181,7 +180,8 @@ def pretouch_heap(nbytes: int) -> int:
     if not blocks:
         return 0
     # The highest block stays allocated (shrunk) between the rest and the heap's top: free
-    # memory that reaches the top is trimmed once it exceeds the trim threshold.
+    # memory that reaches the top is trimmed once it exceeds the trim threshold. glibc shrinks
+    # a heap chunk in place, so the fence stays where the block was.
     blocks.sort()
     fence = realloc(blocks.pop(), _ARENA_MARK)
     with _lock:
@@ -193,7 +193,23 @@ def pretouch_heap(nbytes: int) -> int:
     return touched
 
 
+def pretouch_fits(nbytes: int) -> bool:
+    """Whether ``nbytes`` is within 80% of the memory this process may still take (the host's
+    available memory, or its control group's limit less its use when that is lower); logs a
+    warning when it is not. True when neither can be read."""
+    available = _mem_available()
+    if available is None or nbytes <= available * _PRETOUCH_AVAILABLE_SHARE:
+        return True
+    log.warning("memory.pretouch_skipped", bytes=nbytes, available_bytes=available)
+    return False
+
+
 def _mem_available() -> int | None:
+    found = [v for v in (_host_available(), _cgroup_headroom()) if v is not None]
+    return min(found) if found else None
+
+
+def _host_available() -> int | None:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -201,6 +217,50 @@ def _mem_available() -> int | None:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def _cgroup_headroom(root: str = "/sys/fs/cgroup", cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The memory limit of this process's control group less its use (v2, else v1); None
+    without a limit or off Linux."""
+    try:
+        lines = Path(cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            folder = Path(f"{root}{path}")
+            files = (folder / "memory.max", folder / "memory.current")
+        elif "memory" in controllers.split(","):  # v1
+            folder = Path(f"{root}/memory{path}")
+            files = (folder / "memory.limit_in_bytes", folder / "memory.usage_in_bytes")
+        else:
+            continue
+        try:
+            limit, used = (f.read_text().strip() for f in files)
+            if limit == "max" or int(limit) >= 1 << 60:  # v1 writes a huge number for none
+                continue
+            return max(0, int(limit) - int(used))
+        except (OSError, ValueError):
+            continue
+    return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            files = (f"{root}{path}/memory.max", f"{root}{path}/memory.current")
+        elif "memory" in controllers.split(","):  # v1
+            files = (f"{root}/memory{path}/memory.limit_in_bytes",
+                     f"{root}/memory{path}/memory.usage_in_bytes")  # fmt: skip
+        else:
+            continue
+        try:
+            limit, used = (open(f).read().strip() for f in files)
+            if limit == "max" or int(limit) >= 1 << 60:  # v1 writes a huge number for none
+                continue
+            return max(0, int(limit) - int(used))
+        except (OSError, ValueError):
+            continue
     return None
 
 

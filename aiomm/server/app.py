@@ -136,7 +136,10 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     fetch_cfg = engine_cfg.fetch
     if root:
         fetch_cfg = replace(fetch_cfg, allowed_local_root=Path(root))
-    if config.cache_pretouch:
+    pretouch = (
+        config.cache_pretouch and engine_cfg.tune_malloc and engine_cfg.cache_capacity_bytes > 0
+    )
+    if pretouch:
         memory.use_one_arena()  # before the engine starts its threads
     base = Engine.from_pretrained(folder, engine_cfg)
     loader = video_loader(hf_class_name(getattr(base.processor, "video_processor", None)))
@@ -151,10 +154,12 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
     async with contextlib.AsyncExitStack() as stack:
         fetcher = await stack.enter_async_context(MediaFetcher(fetch_cfg))
         await stack.enter_async_context(engine)
-        if config.cache_pretouch:
-            state.metrics.cache_pretouched.set(
-                memory.pretouch_heap(engine_cfg.cache_capacity_bytes)
+        if pretouch:
+            # in a thread: the engine's own loop tasks (the peer tier's listener) keep running
+            touched = await anyio.to_thread.run_sync(
+                memory.pretouch_heap, engine_cfg.cache_capacity_bytes
             )
+            state.metrics.cache_pretouched.set(touched)
         state.service = RenderService(
             engine,
             tokenizer,

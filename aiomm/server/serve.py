@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 
 from aiomm.config import EngineConfig
 from aiomm.logging import configure_logging
-from aiomm.memory import prefer_small_pages
+from aiomm.memory import prefer_small_pages, pretouch_fits
 
 from .app import ServerConfig, create_app
 from .http_protocol import RenderHttpProtocol
@@ -83,9 +83,14 @@ def serve(
         # httptools' C parser (h11, in pure Python, costs milliseconds per megabyte of data
         # URLs), and large bodies written outside the GIL
         "http": RenderHttpProtocol,
+        # no WebSocket routes: an upgrade would swap the protocol and leave its connection
+        # counted by the worker's balance (connection_balance) for good
+        "ws": "none",
         "access_log": False,
         "timeout_graceful_shutdown": max(5, int(config.limits.timeout_s)),
     }
+    if config.cache_pretouch and not pretouch_fits(worker_config(config, 1).cache_bytes or 0):
+        config = replace(config, cache_pretouch=False)  # warned: the host lacks the memory
     if workers > 1:
         with contextlib.ExitStack() as stack:
             if peer_cache and not config.shared_cache_url and config.peer_cache_dir is None:

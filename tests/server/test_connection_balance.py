@@ -3,10 +3,13 @@ connection after its next response (``Connection: close``), once per surplus con
 
 from __future__ import annotations
 
-import http.client
+import importlib
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -75,34 +78,36 @@ def worker_with_a_peer() -> Iterator[tuple[int, list[int]]]:
         connection_balance.install(None)
 
 
-def _get(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
-    conn.request("GET", "/")
-    response = conn.getresponse()
-    assert response.status == 200 and response.read() == b"ok"
-    return response
+def _get(sock: socket.socket) -> bytes:
+    """One request on a raw connection; the response's head (its body is ``ok``)."""
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while not data.endswith(b"\r\n\r\nok"):
+        chunk = sock.recv(4096)
+        assert chunk, data
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200")
+    return data.lower()
 
 
 def test_the_surplus_connection_is_closed_after_its_response(
     worker_with_a_peer: tuple[int, list[int]],
 ) -> None:
     port, counts = worker_with_a_peer
-    conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(3)]
+    conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
     try:
-        for conn in conns:
-            conn.connect()
         deadline = time.monotonic() + 10
         while counts[0] < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert counts == [3, 1]  # two more than the peer: one to move
-        first = _get(conns[0])
-        assert first.getheader("connection") == "close"
+        assert b"connection: close" in _get(conns[0])
+        assert conns[0].recv(1) == b""  # the server closed it after the response
         assert counts == [2, 1]
-        # the rest are within the share: kept open, answered again on the same connection
+        # the rest are within one of the peer: kept open, answered again on the same connection
         for conn in conns[1:]:
             for _ in range(2):
-                assert _get(conn).getheader("connection") is None
+                assert b"connection: close" not in _get(conn)
         assert counts == [2, 1]
-        assert conns[0].sock is None or conns[0].sock.recv(1) == b""  # closed by the server
     finally:
         for conn in conns:
             conn.close()
@@ -110,3 +115,35 @@ def test_the_surplus_connection_is_closed_after_its_response(
     while counts[0] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert counts == [0, 1]  # closed connections are released
+
+
+def test_the_render_bench_client_reconnects_after_connection_close(
+    worker_with_a_peer: tuple[int, list[int]],
+) -> None:
+    port, counts = worker_with_a_peer
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    render_bench = importlib.import_module("render_bench")
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    deadline = time.monotonic() + 10
+    while counts[0] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+
+        async def two_posts() -> list[tuple[int, int, bytes, bool]]:
+            client = render_bench._Connection("127.0.0.1", port)
+            out = []
+            for _ in range(2):
+                status, size, first = await client.post("/", b"{}")
+                out.append((status, size, first, client.sock is None))
+            client.close()
+            return out
+
+        # two idle connections and the client's against the peer's one: the client's is shed
+        results = render_bench._run(two_posts())
+    finally:
+        for conn in idle:
+            conn.close()
+    assert [r[:3] for r in results] == [(200, 2, b"ok")] * 2
+    assert [r[3] for r in results] == [True, True]  # closed after each: a new connection each

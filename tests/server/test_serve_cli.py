@@ -79,6 +79,35 @@ def test_serve_pretouches_the_cache_unless_told_not_to(
     assert ServerConfig(model="m").cache_pretouch is False  # an app mounted elsewhere: off
 
 
+def test_serve_drops_the_pretouch_when_the_host_lacks_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiomm.server import ServerConfig
+    from aiomm.server import serve as serve_module
+
+    asked: list[int] = []
+    started: list[dict[str, Any]] = []
+    monkeypatch.setattr(serve_module, "prefer_small_pages", lambda: None)
+    monkeypatch.setattr(serve_module, "pretouch_fits", lambda n: asked.append(n) or False)
+    options: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        serve_module,
+        "run_workers",
+        lambda host, port, workers, opts: (
+            options.append(opts)
+            or started.append(json.loads(os.environ["AIOMM_SERVE_CONFIG"]))
+            or 0
+        ),
+    )
+    monkeypatch.delenv("AIOMM_SERVE_CONFIG", raising=False)
+    config = ServerConfig(model="m", cache_bytes=3 << 30, cache_pretouch=True)
+    assert serve_module.serve(config, host="127.0.0.1", port=1, workers=2, peer_cache=False) == 0
+    assert asked == [3 << 30]  # the whole server's budget, checked once before the workers
+    assert started[0]["cache_pretouch"] is False and started[0]["cache_bytes"] == 3 << 29
+    # no WebSocket upgrades (an upgraded connection would stay counted by the worker's balance)
+    assert options[0]["ws"] == "none"
+
+
 def test_workers_share_one_cache_budget() -> None:
     from aiomm.config import EngineConfig
     from aiomm.server import ServerConfig
