@@ -161,8 +161,9 @@ def pretouch_heap(nbytes: int) -> int:
 
     Does nothing unless the engine's malloc settings are in force (:func:`tune_malloc`: the
     blocks must come from the heap, not from mappings unmapped when freed) and one arena can be
-    set (:func:`use_one_arena`), or when ``nbytes`` exceeds 80% of the host's available memory (it
-    would only trade a slow cache for an out-of-memory kill at start-up; a warning is logged).
+    set (:func:`use_one_arena`), or when ``nbytes`` does not fit the memory left to the process
+    (:func:`pretouch_fits`: it would only trade a slow cache for an out-of-memory kill at
+    start-up; a warning is logged).
     """
     if nbytes <= 0 or not _applied or not use_one_arena() or not pretouch_fits(nbytes):
         return 0
@@ -239,23 +240,6 @@ def _cgroup_headroom(root: str = "/sys/fs/cgroup", cgroup: str = "/proc/self/cgr
             continue
         try:
             limit, used = (f.read_text().strip() for f in files)
-            if limit == "max" or int(limit) >= 1 << 60:  # v1 writes a huge number for none
-                continue
-            return max(0, int(limit) - int(used))
-        except (OSError, ValueError):
-            continue
-    return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2
-            files = (f"{root}{path}/memory.max", f"{root}{path}/memory.current")
-        elif "memory" in controllers.split(","):  # v1
-            files = (f"{root}/memory{path}/memory.limit_in_bytes",
-                     f"{root}/memory{path}/memory.usage_in_bytes")  # fmt: skip
-        else:
-            continue
-        try:
-            limit, used = (open(f).read().strip() for f in files)
             if limit == "max" or int(limit) >= 1 << 60:  # v1 writes a huge number for none
                 continue
             return max(0, int(limit) - int(used))
