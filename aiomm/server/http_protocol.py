@@ -82,8 +82,8 @@ class DirectWriteTransport:
 
 class RenderHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol over a :class:`DirectWriteTransport`; in a worker of
-    several, a connection beyond the worker's fair share is closed after its next response
-    (:mod:`.connection_balance`)."""
+    several, a worker two or more connections ahead of the least loaded one closes a connection
+    after its next response (:mod:`.connection_balance`)."""
 
     _balance: ConnectionBalance | None = None
 

@@ -46,12 +46,15 @@ def _from_env(text: str) -> ServerConfig:
     return ServerConfig(**data)
 
 
+def _cache_budget(config: ServerConfig) -> int:
+    """The whole server's item-cache bytes (the engine's default when unset)."""
+    return EngineConfig.cache_capacity_bytes if config.cache_bytes is None else config.cache_bytes
+
+
 def worker_config(config: ServerConfig, workers: int) -> ServerConfig:
     """``config`` as each of ``workers`` processes runs it: an equal share of the server's
     ``cache_bytes`` (the engine's default when None)."""
-    total = config.cache_bytes
-    if total is None:
-        total = EngineConfig.cache_capacity_bytes
+    total = _cache_budget(config)
     # one budget for the server, not one per process: more workers must not multiply its
     # memory, and with the peer tier their caches hold one set of items between them
     return replace(config, cache_bytes=total // workers)
@@ -89,7 +92,7 @@ def serve(
         "access_log": False,
         "timeout_graceful_shutdown": max(5, int(config.limits.timeout_s)),
     }
-    if config.cache_pretouch and not pretouch_fits(worker_config(config, 1).cache_bytes or 0):
+    if config.cache_pretouch and not pretouch_fits(_cache_budget(config)):
         config = replace(config, cache_pretouch=False)  # warned: the host lacks the memory
     if workers > 1:
         with contextlib.ExitStack() as stack:

@@ -102,26 +102,24 @@ def _worker(
     options: dict[str, Any],
     ready: Any,
     parent: int,
-    counts: Any = None,
-    index: int = 0,
+    counts: Any,
+    index: int,
 ) -> None:
     import uvicorn
 
     _end_with_parent(parent)
-    balance = ConnectionBalance(counts, index) if counts is not None else None
+    balance = ConnectionBalance(counts, index)
     connection_balance.install(balance)
 
     class Worker(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started:
-                if balance is not None:
-                    balance.serving()
+                balance.serving()
                 ready.set()
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-            if balance is not None:
-                balance.serving(False)
+            balance.serving(False)
             await super().shutdown(sockets)
 
     sock = listening_socket(host, port)
