@@ -15,6 +15,11 @@ aiomm/vLLM ratios.
 
     python bench/render_bench.py [--vllm-venv /tmp/vllm-venv] [--n 60] [--concurrency 8 32]
 
+``--warm N`` first sends each server N requests of a plan of their own (other images, the same
+mix), at the highest concurrency: the item caches fill and the processes' memory settles, so
+the rounds measure the servers' steady state instead of their caches' growth (reported as
+``warm`` rows).
+
 ``--compare-flags=FLAGS`` also runs ``aiomm-b``, a second aiomm server with FLAGS appended, in
 the same rounds, and prints aiomm/aiomm-b ratios (one change measured side by side). Without
 ``--vllm-venv`` only aiomm is measured. Both servers get the same model folder path
@@ -332,13 +337,34 @@ def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: i
     return result
 
 
+#: the seed of the ``--warm`` plan is this far from ``--seed`` (the rounds' plans are within
+#: ``1000 * levels``), so no warm-up image is one of the measured rounds'
+WARM_SEED_OFFSET = 10**6
+
+
+def warm_plan(args: argparse.Namespace) -> tuple[list[bytes], int]:
+    """The ``--warm`` requests (and their image count): the rounds' mix, other images."""
+    return build_bodies(
+        argparse.Namespace(**{**vars(args), "n": args.warm}), args.seed + WARM_SEED_OFFSET
+    )
+
+
+def warm(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> list[LevelResult]:
+    """Each server answers the ``--warm`` plan at the highest concurrency (nothing when 0)."""
+    if not args.warm:
+        return []
+    bodies, images = warm_plan(args)
+    c = max(args.concurrency)
+    return [_level(name, url, pid, c, bodies, images) for name, (url, pid) in servers.items()]
+
+
 def measure(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> list[LevelResult]:
     """Every level on every server, interleaved: round r runs the servers in order, then in
     reverse (ABBA), so a change in the machine's other load hits both alike. Each level and
     round has its own seeded plan, the same for every server (no hits across levels)."""
-    warm, _ = build_bodies(argparse.Namespace(**{**vars(args), "n": 2, "sizes": "320x240"}), 999)
+    first, _ = build_bodies(argparse.Namespace(**{**vars(args), "n": 2, "sizes": "320x240"}), 999)
     for url, _pid in servers.values():
-        _run(_drive(url, warm, 1))
+        _run(_drive(url, first, 1))
     out = []
     names = list(servers)
     for level, c in enumerate(args.concurrency):
@@ -464,6 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mm-payload", choices=["tensors", "none"], default="tensors")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per level")
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="requests each server answers before the rounds (own images): caches full, "
+        "steady state measured",
+    )
     parser.add_argument("--workers", type=int, default=1, help="aiomm serve --workers")
     parser.add_argument(
         "--cache-gb", type=float, help="aiomm serve --cache-gb (default: aiomm's default)"
@@ -531,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             started = stack.enter_context(Server(vllm, venv_env, port, logs / "vllm.log"))
             servers["vllm"] = (started.url + "/v1/chat/completions/render", started.proc.pid)
+        warmed = warm(servers, args)
         raw = measure(servers, args)
     results = _combine(raw)
     load = os.getloadavg()
@@ -545,6 +579,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.server:7} {r.concurrency:>3} {r.images_per_s:>7} {r.p50_ms:>8} {r.p99_ms:>8} "
             f"{r.server_cpu_ms_per_image:>10} {r.server_cores_busy:>6} {r.client_cores:>8} "
             f"{r.machine_idle_cores:>5} {r.mb_received:>8}"
+        )
+    for r in warmed:
+        print(
+            f"warm-up {r.server}: {r.requests} requests, {r.images} images at c={r.concurrency}: "
+            f"{r.images_per_s} images/s, {r.server_cpu_ms_per_image} CPU ms/image"
         )
     by = {(r.server, r.concurrency): r for r in results}
     against = {"aiomm-b": f"aiomm/aiomm-b ({args.compare_flags})", "vllm": "aiomm/vLLM"}
@@ -561,7 +600,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"combined": [_row(r) for r in results], "rounds": [_row(r) for r in raw]},
+                {
+                    "combined": [_row(r) for r in results],
+                    "rounds": [_row(r) for r in raw],
+                    "warm": [_row(r) for r in warmed],
+                },
                 indent=1,
             )
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aiomm.processing import image_ops
 from aiomm.processing.image_ops import copy_permuted, numpy_copyable, patchify
 
 
@@ -57,3 +58,33 @@ def test_copy_permuted_equals_torch_for_every_layout(
 
 def test_copy_permuted_of_a_scalar() -> None:
     assert torch.equal(copy_permuted(torch.tensor(5), (), ()), torch.tensor(5))
+
+
+@pytest.mark.parametrize(("h", "w"), [(28, 28), (56, 84), (84, 140)])
+def test_patchify_of_rgb_in_four_byte_pixels_moves_whole_pixels(h: int, w: int) -> None:
+    """The scratch resize's output (RGB bytes of 4-byte pixels) takes the pixel-run path; its
+    rows equal the layout of the contiguous image, whatever the fourth bytes hold, and the
+    view's storage may end at the last pixel's third byte."""
+    rgbx = torch.randint(0, 256, (h, w, 4), dtype=torch.uint8)
+    chw = torch.from_numpy(rgbx.numpy()[..., :3].transpose(2, 0, 1))  # storage: 4hw - 1 bytes
+    assert chw.untyped_storage().nbytes() == 4 * h * w - 1
+    assert image_ops._rgbx_view(chw, 28) is not None
+    out = patchify(chw, patch_size=14, merge_size=2, temporal_patch_size=1)
+    assert out.is_contiguous() and out.dtype == torch.uint8
+    assert torch.equal(out, _reference(chw.contiguous(), 14, 2, 1))
+    rgbx[..., 3] = 255 - rgbx[..., 3]
+    assert torch.equal(patchify(chw, patch_size=14, merge_size=2, temporal_patch_size=1), out)
+
+
+def test_patchify_takes_the_pixel_run_path_only_where_it_applies() -> None:
+    rgbx = torch.randint(0, 256, (56, 84, 4), dtype=torch.uint8)
+    assert image_ops._rgbx_view(rgbx[..., :3].permute(2, 0, 1), 28) is not None
+    # not a multiple of a merge window; 3-byte pixels; two channels; a float view
+    assert image_ops._rgbx_view(rgbx[:42, :, :3].permute(2, 0, 1), 28) is None
+    assert image_ops._rgbx_view(rgbx[..., :3].contiguous().permute(2, 0, 1), 28) is None
+    assert image_ops._rgbx_view(rgbx[..., :2].permute(2, 0, 1), 28) is None
+    assert image_ops._rgbx_view(rgbx.float()[..., :3].permute(2, 0, 1), 28) is None
+    # each falls back to the general copy, with the same layout
+    chw = rgbx[..., :3].contiguous().permute(2, 0, 1)
+    out = patchify(chw, patch_size=14, merge_size=2, temporal_patch_size=1)
+    assert torch.equal(out, _reference(chw.contiguous(), 14, 2, 1))

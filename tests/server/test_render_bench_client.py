@@ -244,3 +244,45 @@ def test_bench_compares_two_aiomm_servers_in_one_run(
     rows = json.loads(out.read_text())["combined"]
     assert sorted(r["server"] for r in rows) == ["aiomm", "aiomm-b"]
     assert all(r["images"] > 0 and r["server_cpu_ms_per_image"] > 0 for r in rows)
+
+
+def test_bench_warms_each_server_with_images_no_round_measures(
+    model_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--warm N``: every server first answers N requests of a plan of its own, reported apart
+    from the rounds, whose images are not among the measured ones."""
+    bench = _bench()
+    out = tmp_path / "results.json"
+    argv = [
+        *("--model-folder", str(model_folder), "--n", "3", "--concurrency", "1", "2"),
+        *("--rounds", "1", "--sizes", "64x48", "--warm", "5", "--json", str(out)),
+    ]
+    assert bench.main(argv) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    (warm,) = result["warm"]
+    assert (warm["server"], warm["requests"], warm["concurrency"]) == ("aiomm", 5, 2)
+    assert warm["images"] >= 5 and warm["server_cpu_ms_per_image"] > 0
+    assert f"warm-up aiomm: 5 requests, {warm['images']} images at c=2" in printed
+    # the rounds count only their own requests
+    assert sorted(r["requests"] for r in result["combined"]) == [3, 3]
+
+    args = argparse.Namespace(
+        n=3, sizes="64x48", two_image_frac=0.5, repeat_frac=0.25, mm_payload="tensors",
+        model_folder=str(model_folder), seed=0, warm=5,
+    )  # fmt: skip
+    warm_bodies, images = bench.warm_plan(args)
+    assert (len(warm_bodies), images) == (5, warm["images"])
+
+    def urls(bodies: list[bytes]) -> set[str]:
+        return {
+            part["image_url"]["url"]
+            for body in bodies
+            for part in json.loads(body)["messages"][0]["content"]
+            if part["type"] == "image_url"
+        }
+
+    measured = set()
+    for level in range(2):
+        measured |= urls(bench.build_bodies(args, args.seed + 1000 * level)[0])
+    assert measured and not urls(warm_bodies) & measured
