@@ -6,6 +6,8 @@ import base64
 import http.server
 import io
 import itertools
+import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import pytest
 import torch
 from counting_decoder import CountingDecoder
 
+from aiomm import engine as engine_module
 from aiomm.config import EngineConfig
 from aiomm.decode import DecodeConfig
 from aiomm.engine import Engine
@@ -113,6 +116,22 @@ async def test_repeat_is_a_cache_hit_and_equal(make_processor) -> None:
     assert first.cache == [CacheOutcome.MISS] and second.cache == [CacheOutcome.HIT]
     assert torch.equal(first.pixel_values, second.pixel_values)
     assert stats.cache.hits == 1 and stats.cache.misses == 1
+    # requests that came without an id get distinct ones
+    assert re.fullmatch("[0-9a-f]{12}", first.request_id) and first.request_id != second.request_id
+
+
+def test_a_forked_process_draws_other_request_ids() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, then out at once
+        os.write(write, " ".join(engine_module._request_id() for _ in range(4)).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 1024).decode().split()
+    os.close(read)
+    os.waitpid(pid, 0)
+    mine = [engine_module._request_id() for _ in range(4)]
+    assert len(child) == 4 and not set(child) & set(mine)
 
 
 def counting_decoder() -> CountingDecoder:
