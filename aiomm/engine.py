@@ -162,6 +162,8 @@ class Engine:
         self._pipeline: Pipeline | None = None
         self._recorder = StageRecorder()
         self._images = 0
+        #: requests admitted and not yet done (:meth:`_admitted`)
+        self._in_pipeline = 0
         self._videos = 0
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
         self.admission = AdmissionStage(
@@ -411,6 +413,7 @@ class Engine:
             network = any(is_network(source) for source in sources)
             async with self.admission.admit(network=network):
                 timings["admission"] = time.perf_counter() - t0
+                self._admitted(1)
                 try:
                     result = await self._pipeline.run(rid, request, timings, device=device)
                 except AiommError:
@@ -420,6 +423,8 @@ class Engine:
                     raise ProcessingError(
                         f"internal error while processing: {type(exc).__name__}: {exc}"
                     ).with_context(request_id=rid) from exc
+                finally:
+                    self._admitted(-1)
         except AiommError as error:
             error.with_context(request_id=rid)
             timings["total"] = time.perf_counter() - t0
@@ -434,6 +439,15 @@ class Engine:
             log.debug("request_done", request_id=rid, timings_ms=_ms(timings),
                       cache=[c.value for c in result.cache])  # fmt: skip
         return result
+
+    def _admitted(self, change: int) -> None:
+        """Count the requests in the pipeline; with ``busy_transform_threads`` set, all the
+        transform threads run for one request alone, that many for two or more."""
+        self._in_pipeline += change
+        busy = self.config.busy_transform_threads
+        if busy is not None and self._pipeline is not None:
+            threads = self.config.transform_threads if self._in_pipeline <= 1 else busy
+            self._pipeline.transform.workers.set_limit(threads)
 
     def stream(
         self,

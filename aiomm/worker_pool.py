@@ -6,6 +6,11 @@ token: two or three loop iterations during which the worker sits idle, behind wh
 loop is running. On small images that gap cost a quarter of the throughput (two workers busy
 0.56 of a core each). Here jobs wait in the executor's own queue, so a worker that finishes one
 starts the next at once; the loop only collects results.
+
+:meth:`WorkerPool.set_limit` lets fewer threads than the pool has run jobs at once (the rest
+wait at a gate inside the pool, the jobs still queued in order): a server of several processes
+on one host keeps each process to its share of the cores while it is busy, and lets one request
+alone use them all.
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class WorkerPoolStatistics:
-    """``capacity`` threads, ``in_use`` of them running a job, ``waiting`` jobs queued."""
+    """``capacity`` threads, ``in_use`` of them running a job, ``waiting`` jobs queued (or held
+    at the gate of :meth:`WorkerPool.set_limit`), ``limit`` jobs allowed to run at once."""
 
     capacity: int
     in_use: int
     waiting: int
+    limit: int = 0
 
 
 class WorkerPool:
@@ -60,6 +67,21 @@ class WorkerPool:
         self._submitted = self._dropped = 0
         self._started = self._running = 0
         self._lock = threading.Lock()
+        self._gate = threading.Condition(self._lock)
+        self._limit = threads
+        # tickets in the order threads reach the gate (the queue's order): the gate lets them
+        # through first come, first served
+        self._tickets = self._next_ticket = 0
+
+    def set_limit(self, jobs: int) -> None:
+        """Run at most ``jobs`` (clamped to 1..``capacity``) jobs at once from now on; a thread
+        that takes a job beyond it waits until one ends. Cheap when nothing changes."""
+        jobs = max(1, min(self.capacity, jobs))
+        if jobs == self._limit:  # read without the lock: a stale read only costs the lock below
+            return
+        with self._gate:
+            self._limit = jobs
+            self._gate.notify_all()
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` in a worker thread; its result, or its exception.
@@ -86,20 +108,27 @@ class WorkerPool:
             raise
 
     def _call(self, context: contextvars.Context, fn: Callable[..., T], args: tuple) -> T:
-        with self._lock:
+        with self._gate:
+            ticket = self._tickets
+            self._tickets += 1
+            while self._running >= self._limit or ticket != self._next_ticket:
+                self._gate.wait()
+            self._next_ticket += 1
             self._started += 1
             self._running += 1
+            self._gate.notify_all()  # the next ticket may fit too
         try:
             return context.run(fn, *args)
         finally:
-            with self._lock:
+            with self._gate:
                 self._running -= 1
+                self._gate.notify_all()
 
     def statistics(self) -> WorkerPoolStatistics:
         with self._lock:
-            started, running = self._started, self._running
+            started, running, limit = self._started, self._running, self._limit
         queued = max(0, self._submitted - self._dropped - started)
-        return WorkerPoolStatistics(self.capacity, running, queued)
+        return WorkerPoolStatistics(self.capacity, running, queued, limit)
 
     async def aclose(self) -> None:
         """Refuse new jobs, let the submitted ones finish and join the threads (off the loop:

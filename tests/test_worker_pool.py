@@ -88,6 +88,38 @@ async def test_jobs_queue_beyond_the_threads_and_statistics_count_them(pool: Wor
     assert (s.in_use, s.waiting) == (0, 0)
 
 
+async def test_a_limit_holds_jobs_beyond_it_at_the_gate_until_raised() -> None:
+    pool = WorkerPool(3, "aiomm-test")
+    gates = [Gate() for _ in range(3)]
+    try:
+        pool.set_limit(1)
+        async with anyio.create_task_group() as tg:
+            for gate in gates:
+                tg.start_soon(pool.run, gate.hold)
+            await gates[0].wait_started()
+            await anyio.sleep(0.05)
+            # one runs; the others wait (queued or at the gate) and count as waiting
+            assert not gates[1].started.is_set() and not gates[2].started.is_set()
+            s = pool.statistics()
+            assert (s.capacity, s.in_use, s.waiting, s.limit) == (3, 1, 2, 1)
+            pool.set_limit(2)  # one more may start at once: the first in line
+            await gates[1].wait_started()
+            await anyio.sleep(0.05)
+            assert not gates[2].started.is_set()
+            assert pool.statistics().in_use == 2
+            for gate in gates:
+                gate.open()
+        assert all(g.started.is_set() for g in gates)
+        pool.set_limit(99)  # clamped to the threads
+        assert pool.statistics().limit == 3
+        pool.set_limit(0)
+        assert pool.statistics().limit == 1
+    finally:
+        for gate in gates:
+            gate.open()
+        await pool.aclose()
+
+
 async def test_a_cancelled_caller_waits_for_its_running_job(pool: WorkerPool) -> None:
     gate, done = Gate(), threading.Event()
 

@@ -69,6 +69,10 @@ class ServerConfig:
     #: the engine's default, one per core (two workers with one each measured the same as with
     #: two each on 2 cores, and one each serialises a lone request's images)
     transform_threads: int | None = None
+    #: of those, the threads that run at once while two or more requests are in flight
+    #: (``EngineConfig.busy_transform_threads``); None: the engine's (all of them).
+    #: :func:`~aiomm.server.serve.serve` gives each of ``--workers N`` its share of the cores
+    busy_transform_threads: int | None = None
     #: bytes of items the server caches in memory (``EngineConfig.cache_capacity_bytes``), all of
     #: its processes together: :func:`~aiomm.server.serve.serve` gives each of ``--workers N`` an
     #: N-th, since the workers read each other's items; 0: nothing in memory (a Redis tier still
@@ -129,6 +133,7 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
         "shared_cache_url": config.shared_cache_url or None,
         "peer_cache_dir": config.peer_cache_dir or None,
         "transform_threads": config.transform_threads,
+        "busy_transform_threads": config.busy_transform_threads,
         "cache_capacity_bytes": config.cache_bytes,
     }
     engine_cfg = replace(engine_cfg, **{k: v for k, v in overrides.items() if v is not None})

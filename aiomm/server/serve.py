@@ -51,13 +51,21 @@ def _cache_budget(config: ServerConfig) -> int:
     return EngineConfig.cache_capacity_bytes if config.cache_bytes is None else config.cache_bytes
 
 
-def worker_config(config: ServerConfig, workers: int) -> ServerConfig:
+def worker_config(config: ServerConfig, workers: int, cores: int | None = None) -> ServerConfig:
     """``config`` as each of ``workers`` processes runs it: an equal share of the server's
-    ``cache_bytes`` (the engine's default when None)."""
+    ``cache_bytes`` (the engine's default when None) and, when unset, of the host's ``cores``
+    (default: the ones this process may run on) for its transform threads under load
+    (``busy_transform_threads``; none with one worker)."""
     total = _cache_budget(config)
+    busy = config.busy_transform_threads
+    if busy is None and workers > 1:
+        if cores is None:
+            affinity = getattr(os, "sched_getaffinity", None)
+            cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+        busy = max(1, cores // workers)
     # one budget for the server, not one per process: more workers must not multiply its
     # memory, and with the peer tier their caches hold one set of items between them
-    return replace(config, cache_bytes=total // workers)
+    return replace(config, cache_bytes=total // workers, busy_transform_threads=busy)
 
 
 def app_from_env() -> Starlette:

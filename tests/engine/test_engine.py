@@ -160,6 +160,46 @@ async def test_an_image_header_is_parsed_once(make_processor, monkeypatch) -> No
         assert torch.equal(a.pixel_values, b.pixel_values)
 
 
+class OverlapDecoder(CountingDecoder):
+    """Counts the most decodes in flight at once (each held ``delay`` seconds)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay)
+        self.active = self.most = 0
+        self._lock = threading.Lock()
+
+    def decode(self, data: bytes) -> np.ndarray:
+        with self._lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        try:
+            return super().decode(data)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+@pytest.mark.parametrize("busy", [None, 1])
+async def test_busy_transform_threads_under_load_all_threads_for_one_request(
+    make_processor, busy: int | None
+) -> None:
+    """With ``busy_transform_threads=1`` one request alone decodes its two images at once, two
+    requests in flight one image at a time; unset, every thread runs either way."""
+    config = EngineConfig(device="cpu", transform_threads=2, busy_transform_threads=busy)
+    alone, together = OverlapDecoder(0.2), OverlapDecoder(0.2)
+    pngs = [encode(image(40 + i), "PNG") for i in range(4)]
+    async with Engine(make_processor(), config, decoder=alone) as engine:
+        await engine.process(Request(prompt=prompt(2), images=pngs[:2]))
+    async with Engine(make_processor(), config, decoder=together) as engine:
+        async with anyio.create_task_group() as tg:
+            for png in pngs[2:]:
+                tg.start_soon(engine.process, Request(prompt=prompt(1), images=[png]))
+        limit = engine._pipeline.transform.workers.statistics().limit  # all done: every thread
+    assert alone.most == 2
+    assert together.most == (2 if busy is None else 1)
+    assert limit == 2
+
+
 async def test_fifty_concurrent_requests_one_decode(make_processor) -> None:
     decoder = counting_decoder()
     data = encode(image(3, 300, 400), "JPEG")

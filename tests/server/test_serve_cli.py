@@ -119,6 +119,22 @@ def test_workers_share_one_cache_budget() -> None:
     assert worker_config(ServerConfig(model="m", cache_bytes=0), 4).cache_bytes == 0
 
 
+def test_workers_share_the_cores_under_load() -> None:
+    """Each of N workers runs cores / N transform threads while busy (at least one); one
+    worker, or a value given, keeps the engine's rule."""
+    from aiomm.server import ServerConfig
+    from aiomm.server.serve import worker_config
+
+    m = ServerConfig(model="m")
+    assert worker_config(m, 2, cores=2).busy_transform_threads == 1
+    assert worker_config(m, 4, cores=16).busy_transform_threads == 4
+    assert worker_config(m, 3, cores=2).busy_transform_threads == 1
+    assert worker_config(m, 1, cores=16).busy_transform_threads is None
+    given = ServerConfig(model="m", busy_transform_threads=3)
+    assert worker_config(given, 2, cores=2).busy_transform_threads == 3
+    assert worker_config(m, 2).busy_transform_threads == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
 def _start(model_folder: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     """``aiomm serve`` for the fixtures' folder, once its /health answers."""
     port = free_port()
