@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
         help="decode/resize threads per process (default: one per core)",
     )
     serve.add_argument(
+        "--busy-transform-threads",
+        type=int,
+        help="of those, the ones that run at once while a process has two or more requests in "
+        "flight (default with --workers N: cores / N, at least 1; with one worker: all)",
+    )
+    serve.add_argument(
         "--no-peer-cache",
         action="store_true",
         help="with --workers: each worker caches only its own items (default: a worker that "
@@ -174,9 +180,12 @@ def _serve(args: argparse.Namespace) -> int:
         except UnknownArchitectureError as exc:
             print(f"aiomm serve: {args.model} is not a model folder nor a registered name: {exc}")
             return 2
-    if args.transform_threads is not None and args.transform_threads < 1:
-        print(f"aiomm serve: --transform-threads must be at least 1, got {args.transform_threads}")
-        return 2
+    for flag in ("transform_threads", "busy_transform_threads"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            name = "--" + flag.replace("_", "-")
+            print(f"aiomm serve: {name} must be at least 1, got {value}")
+            return 2
     if args.cache_gb is not None and not (math.isfinite(args.cache_gb) and args.cache_gb >= 0):
         print(f"aiomm serve: --cache-gb must be 0 or more, got {args.cache_gb}")
         return 2
@@ -195,6 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
         allowed_local_media_path=args.allowed_local_media_path,
         shared_cache_url=args.shared_cache,
         transform_threads=args.transform_threads,
+        busy_transform_threads=args.busy_transform_threads,
         cache_bytes=None if args.cache_gb is None else int(args.cache_gb * 2**30),
         cache_pretouch=args.cache_pretouch,
     )

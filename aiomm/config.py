@@ -29,6 +29,7 @@ __all__ = (
     "SharedCacheConfig",
     "TransformMode",
     "VisualDtype",
+    "available_cores",
 )
 
 VisualDtype = Literal["bfloat16", "float16", "float32"]
@@ -50,7 +51,8 @@ _VISUAL_DTYPES = ("bfloat16", "float16", "float32")
 _TRANSFORM_MODES = ("auto", "hf", "native")
 
 
-def _cores() -> int:
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
@@ -327,12 +329,13 @@ class EngineConfig:
     """
 
     #: worker threads for decode + resize + patchify (GIL-releasing work): one per core
-    transform_threads: int = field(default_factory=_cores)
-    #: of those, the threads that run at once while two or more requests are in the pipeline;
-    #: None: all of them. A server of N processes on one host sets cores / N: under load each
-    #: process then keeps to its share of the cores (two processes on 2 cores, each with two
-    #: threads busy: ~15% fewer images/s than with one each at concurrency 32), while one request
-    #: alone still spreads its images over every thread.
+    transform_threads: int = field(default_factory=available_cores)
+    #: of those, the threads that run at once while two or more requests are in the pipeline
+    #: (admitted and not done, downloading or cache hits included); None: all of them. A server
+    #: of N processes on one host sets cores / N: under load each process then keeps its
+    #: transforms to its share of the cores (two processes on 2 cores, each with two threads
+    #: busy: ~15% fewer images/s than with one each at concurrency 32), while one request alone
+    #: still spreads its images over every thread. Hashing and the device stage keep theirs.
     busy_transform_threads: int | None = None
     #: concurrent downloads
     fetch_concurrency: int = 32

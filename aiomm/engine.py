@@ -13,8 +13,6 @@ import contextlib
 import copy
 import functools
 import logging
-import os
-import random
 import time
 from collections.abc import AsyncIterable, Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from aiomm.memory import tune_malloc
 from aiomm.peer_cache import PeerItemCache
 from aiomm.pipeline import Pipeline
 from aiomm.processing.processor import BaseMultiModalProcessor
+from aiomm.request_ids import random_hex
 from aiomm.stages import (
     AdmissionStage,
     AssembleStage,
@@ -60,18 +59,6 @@ from aiomm.types import Request, Result
 __all__ = ("Engine", "EngineStats", "LimiterStats")
 
 log = get_logger(__name__)
-
-
-#: request ids made here: os.urandom (uuid4) gives up the GIL for a system call on every
-#: request, and the event loop then waits for a transform thread to hand the GIL back
-_IDS = random.Random()
-if hasattr(os, "register_at_fork"):  # a forked worker draws its own ids
-    os.register_at_fork(after_in_child=_IDS.seed)
-
-
-def _request_id() -> str:
-    """A random 12-hex-digit id for a request that came without one."""
-    return f"{_IDS.getrandbits(48):012x}"
 
 
 @dataclass(frozen=True)
@@ -392,12 +379,12 @@ class Engine:
             the request id (and the item index where one item failed).
         :raises EngineClosedError: if the engine is not open.
         """
-        rid = request.request_id or _request_id()
+        rid = request.request_id or random_hex(6)
         return await self._process_request(rid, request, device)
 
     async def process_safe(self, request: Request, *, device: bool = True) -> Result:
         """Like :meth:`process`, but a failure becomes ``Result.error`` instead of raising."""
-        rid = request.request_id or _request_id()
+        rid = request.request_id or random_hex(6)
         try:
             return await self._process_request(rid, request, device)
         except AiommError as exc:

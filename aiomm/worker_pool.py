@@ -8,9 +8,9 @@ loop is running. On small images that gap cost a quarter of the throughput (two 
 starts the next at once; the loop only collects results.
 
 :meth:`WorkerPool.set_limit` lets fewer threads than the pool has run jobs at once (the rest
-wait at a gate inside the pool, the jobs still queued in order): a server of several processes
-on one host keeps each process to its share of the cores while it is busy, and lets one request
-alone use them all.
+wait at a gate inside the pool and pass it first come, first served): a server of several
+processes on one host keeps each process to its share of the cores while it is busy, and lets
+one request alone use them all.
 """
 
 from __future__ import annotations
@@ -45,12 +45,26 @@ class WorkerPoolStatistics:
     limit: int = 0
 
 
+class _Abandoned(Exception):
+    """A job dropped at the gate: its caller was cancelled and never reads it."""
+
+
+class _Job:
+    """One job's flag, set (under the gate's lock) when its caller leaves."""
+
+    __slots__ = ("abandoned",)
+
+    def __init__(self) -> None:
+        self.abandoned = False
+
+
 class WorkerPool:
     """``threads`` worker threads named ``name``; :meth:`run` awaits one job.
 
     Like ``anyio.to_thread.run_sync`` without ``abandon_on_cancel``: a job runs in a copy of
     the caller's context, and a caller cancelled while its job runs waits for the job to end
-    (a queued job is dropped at once). Threads start on first use and end at :meth:`aclose`.
+    (a job queued, or held at the gate of :meth:`set_limit`, is dropped at once). Threads start
+    on first use and end at :meth:`aclose`.
     They are not anyio worker threads: a job cannot use ``anyio.from_thread``.
     """
 
@@ -65,19 +79,20 @@ class WorkerPool:
         # jobs submitted and dropped before they started (the loop's counts), started and
         # running (the workers', under the lock)
         self._submitted = self._dropped = 0
-        self._started = self._running = 0
+        self._started = self._running = self._abandoned = 0
         self._lock = threading.Lock()
         self._gate = threading.Condition(self._lock)
         self._limit = threads
-        # tickets in the order threads reach the gate (the queue's order): the gate lets them
-        # through first come, first served
+        # tickets in the order threads take the gate's lock (about the queue's order): the gate
+        # lets them through first come, first served
         self._tickets = self._next_ticket = 0
 
     def set_limit(self, jobs: int) -> None:
         """Run at most ``jobs`` (clamped to 1..``capacity``) jobs at once from now on; a thread
-        that takes a job beyond it waits until one ends. Cheap when nothing changes."""
+        that takes a job beyond it waits until one ends. Called from the event loop only (the
+        one writer), so an unchanged limit is seen without taking the lock."""
         jobs = max(1, min(self.capacity, jobs))
-        if jobs == self._limit:  # read without the lock: a stale read only costs the lock below
+        if jobs == self._limit:
             return
         with self._gate:
             self._limit = jobs
@@ -91,7 +106,8 @@ class WorkerPool:
         await anyio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise EngineClosedError("the worker threads are closed: the engine is not open")
-        future = self._executor.submit(self._call, contextvars.copy_context(), fn, args)
+        job = _Job()
+        future = self._executor.submit(self._call, job, contextvars.copy_context(), fn, args)
         self._submitted += 1
         try:
             return await asyncio.wrap_future(future)
@@ -100,6 +116,7 @@ class WorkerPool:
                 self._dropped += 1
                 raise
             if not future.done():  # running: wait for it, as anyio does
+                self._abandon(job)  # unless it still waits at the gate: then it never runs
                 with anyio.CancelScope(shield=True):
                     waiter = asyncio.wrap_future(future)
                     await asyncio.wait([waiter])
@@ -107,16 +124,28 @@ class WorkerPool:
                         waiter.exception()  # read: the caller is cancelled, not failed
             raise
 
-    def _call(self, context: contextvars.Context, fn: Callable[..., T], args: tuple) -> T:
+    def _abandon(self, job: _Job) -> None:
+        with self._gate:
+            job.abandoned = True
+            self._gate.notify_all()
+
+    def _call(
+        self, job: _Job, context: contextvars.Context, fn: Callable[..., T], args: tuple
+    ) -> T:
         with self._gate:
             ticket = self._tickets
             self._tickets += 1
-            while self._running >= self._limit or ticket != self._next_ticket:
+            while ticket != self._next_ticket or (
+                self._running >= self._limit and not job.abandoned
+            ):
                 self._gate.wait()
             self._next_ticket += 1
+            self._gate.notify_all()  # the next ticket may fit too
+            if job.abandoned:  # its caller left while it waited: it never runs
+                self._abandoned += 1
+                raise _Abandoned
             self._started += 1
             self._running += 1
-            self._gate.notify_all()  # the next ticket may fit too
         try:
             return context.run(fn, *args)
         finally:
@@ -127,7 +156,8 @@ class WorkerPool:
     def statistics(self) -> WorkerPoolStatistics:
         with self._lock:
             started, running, limit = self._started, self._running, self._limit
-        queued = max(0, self._submitted - self._dropped - started)
+            abandoned = self._abandoned
+        queued = max(0, self._submitted - self._dropped - abandoned - started)
         return WorkerPoolStatistics(self.capacity, running, queued, limit)
 
     async def aclose(self) -> None:

@@ -338,7 +338,8 @@ def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: i
 
 
 #: the seed of the ``--warm`` plan is this far from ``--seed`` (the rounds' plans are within
-#: ``1000 * levels``), so no warm-up image is one of the measured rounds'
+#: ``1000 * levels``): its images come from other draws, so a measured round's image is one of
+#: the warm-up's only by a 1-in-2**31 coincidence of two seeds
 WARM_SEED_OFFSET = 10**6
 
 
@@ -508,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
+    if args.warm < 0:
+        parser.error(f"--warm must be 0 or more, got {args.warm}")
 
     # the servers start in the logs folder: a relative path would resolve there
     folder = Path(args.model_folder).resolve()

@@ -161,6 +161,30 @@ async def test_a_cancelled_queued_job_never_runs(pool: WorkerPool) -> None:
     assert ran == []
 
 
+async def test_a_job_held_at_the_gate_is_dropped_when_its_caller_leaves() -> None:
+    """A thread holds the job at the gate (the executor counts it as running): a cancelled
+    caller returns at once and the job never runs; the next caller is served."""
+    pool = WorkerPool(2, "aiomm-test")
+    gate = Gate()
+    ran: list[str] = []
+    try:
+        pool.set_limit(1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pool.run, gate.hold)
+            await gate.wait_started()
+            with anyio.move_on_after(0.1) as scope:
+                await pool.run(ran.append, "held")
+            assert scope.cancelled_caught  # returned without waiting for the gate to open
+            s = pool.statistics()
+            assert (s.in_use, s.waiting) == (1, 0)
+            gate.open()
+        assert await pool.run(lambda: "after") == "after"
+        assert ran == []
+    finally:
+        gate.open()
+        await pool.aclose()
+
+
 async def test_close_lets_submitted_jobs_finish_then_refuses_new_ones() -> None:
     pool = WorkerPool(1, "aiomm-close")
     gate = Gate()

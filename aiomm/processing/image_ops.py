@@ -385,9 +385,10 @@ def _rows_of_rgbx(view: np.ndarray, p: int, m: int) -> np.ndarray:
         (gh // m, m, p, gw // m, m, 4 * p - 1),
         (m * p * row, p * row, row, m * patch_row, patch_row, 1),
     ).view(run)[..., 0]
-    # one pixel more than the image: the numbers starting at byte 1 or 2 of the last pixel
-    scratch = _scratch_view("patch_pixels", 4, h, w + 1)
-    gathered = (np.empty(4 * h * (w + 1), np.uint8) if scratch is None else scratch).reshape(-1)
+    # 4 bytes more than the pixels: the numbers starting at byte 1 or 2 of the last pixel
+    size = 4 * h * w + 4
+    scratch = _scratch_view("patch_pixels", 1, 1, size)
+    gathered = (np.empty(size, np.uint8) if scratch is None else scratch).reshape(-1)
     patch = p * patch_row
     into = np.lib.stride_tricks.as_strided(
         gathered,

@@ -66,8 +66,7 @@ class ServerConfig:
     #: see ``EngineConfig.peer_cache_dir``), set on the engine's configuration
     peer_cache_dir: str | None = None
     #: the engine's transform threads per process (``EngineConfig.transform_threads``); None:
-    #: the engine's default, one per core (two workers with one each measured the same as with
-    #: two each on 2 cores, and one each serialises a lone request's images)
+    #: the engine's default, one per core
     transform_threads: int | None = None
     #: of those, the threads that run at once while two or more requests are in flight
     #: (``EngineConfig.busy_transform_threads``); None: the engine's (all of them).

@@ -13,8 +13,6 @@ from __future__ import annotations
 import binascii
 import functools
 import io
-import os
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from aiomm.processing.fields import (
     PaddedImageField,
 )
 from aiomm.processing.image_ops import numpy_copyable
+from aiomm.request_ids import random_hex
 from aiomm.types import Request, Result
 from aiomm.video import VideoInfo, decode_video, sampled_bytes
 
@@ -72,12 +71,6 @@ _KEY_ORDER = (
     "pixel_values_videos",
 )
 _MODEL_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-#: response ids: a random 64-bit number, without the system call (and the GIL hand-off) of
-#: ``secrets`` on every request
-_IDS = random.Random()
-if hasattr(os, "register_at_fork"):  # a forked worker draws its own ids
-    os.register_at_fork(after_in_child=_IDS.seed)
 
 
 def model_float_dtype(folder: str | Path) -> torch.dtype | None:
@@ -381,7 +374,7 @@ class RenderService:
             features,
             model=model,
             sampling_params=sampling,
-            request_id=f"{id_prefix}{_IDS.getrandbits(64):016x}",
+            request_id=f"{id_prefix}{random_hex(8)}",
             parse_context=parse_context,
             body=body,
         )
@@ -572,7 +565,7 @@ def generate_request(
     salt, priority and KV-transfer options come from it)."""
     body = body or {}
     return {
-        "request_id": request_id or f"aiomm-{_IDS.getrandbits(64):016x}",
+        "request_id": request_id or f"aiomm-{random_hex(8)}",
         "token_ids": token_ids,
         "token_offsets": None,
         "features": features,

@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 
-from aiomm.config import EngineConfig
+from aiomm.config import EngineConfig, available_cores
 from aiomm.logging import configure_logging
 from aiomm.memory import prefer_small_pages, pretouch_fits
 
@@ -59,10 +59,7 @@ def worker_config(config: ServerConfig, workers: int, cores: int | None = None) 
     total = _cache_budget(config)
     busy = config.busy_transform_threads
     if busy is None and workers > 1:
-        if cores is None:
-            affinity = getattr(os, "sched_getaffinity", None)
-            cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-        busy = max(1, cores // workers)
+        busy = max(1, (available_cores() if cores is None else cores) // workers)
     # one budget for the server, not one per process: more workers must not multiply its
     # memory, and with the peer tier their caches hold one set of items between them
     return replace(config, cache_bytes=total // workers, busy_transform_threads=busy)

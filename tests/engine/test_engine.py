@@ -6,7 +6,6 @@ import base64
 import http.server
 import io
 import itertools
-import os
 import re
 import threading
 import time
@@ -21,7 +20,6 @@ import pytest
 import torch
 from counting_decoder import CountingDecoder
 
-from aiomm import engine as engine_module
 from aiomm.config import EngineConfig
 from aiomm.decode import DecodeConfig
 from aiomm.engine import Engine
@@ -118,20 +116,6 @@ async def test_repeat_is_a_cache_hit_and_equal(make_processor) -> None:
     assert stats.cache.hits == 1 and stats.cache.misses == 1
     # requests that came without an id get distinct ones
     assert re.fullmatch("[0-9a-f]{12}", first.request_id) and first.request_id != second.request_id
-
-
-def test_a_forked_process_draws_other_request_ids() -> None:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next ids, then out at once
-        os.write(write, " ".join(engine_module._request_id() for _ in range(4)).encode())
-        os._exit(0)
-    os.close(write)
-    child = os.read(read, 1024).decode().split()
-    os.close(read)
-    os.waitpid(pid, 0)
-    mine = [engine_module._request_id() for _ in range(4)]
-    assert len(child) == 4 and not set(child) & set(mine)
 
 
 def counting_decoder() -> CountingDecoder:

@@ -60,20 +60,29 @@ def test_copy_permuted_of_a_scalar() -> None:
     assert torch.equal(copy_permuted(torch.tensor(5), (), ()), torch.tensor(5))
 
 
-@pytest.mark.parametrize(("h", "w"), [(28, 28), (56, 84), (84, 140)])
-def test_patchify_of_rgb_in_four_byte_pixels_moves_whole_pixels(h: int, w: int) -> None:
+@pytest.mark.parametrize(
+    ("h", "w", "p", "m"), [(28, 28, 14, 2), (56, 84, 14, 2), (84, 140, 14, 2), (64, 96, 16, 2),
+                           (42, 14, 14, 1)],
+)  # fmt: skip
+@pytest.mark.parametrize("scratch", [True, False], ids=["scratch", "no-scratch"])
+def test_patchify_of_rgb_in_four_byte_pixels_moves_whole_pixels(
+    h: int, w: int, p: int, m: int, scratch: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The scratch resize's output (RGB bytes of 4-byte pixels) takes the pixel-run path; its
     rows equal the layout of the contiguous image, whatever the fourth bytes hold, and the
-    view's storage may end at the last pixel's third byte."""
+    view's storage may end at the last pixel's third byte. Without a scratch buffer (one above
+    the size kept) the same, in memory of its own."""
+    if not scratch:
+        monkeypatch.setattr(image_ops, "_SCRATCH_MAX_BYTES", 0)
     rgbx = torch.randint(0, 256, (h, w, 4), dtype=torch.uint8)
     chw = torch.from_numpy(rgbx.numpy()[..., :3].transpose(2, 0, 1))  # storage: 4hw - 1 bytes
     assert chw.untyped_storage().nbytes() == 4 * h * w - 1
-    assert image_ops._rgbx_view(chw, 28) is not None
-    out = patchify(chw, patch_size=14, merge_size=2, temporal_patch_size=1)
+    assert image_ops._rgbx_view(chw, p * m) is not None
+    out = patchify(chw, patch_size=p, merge_size=m, temporal_patch_size=1)
     assert out.is_contiguous() and out.dtype == torch.uint8
-    assert torch.equal(out, _reference(chw.contiguous(), 14, 2, 1))
+    assert torch.equal(out, _reference(chw.contiguous(), p, m, 1))
     rgbx[..., 3] = 255 - rgbx[..., 3]
-    assert torch.equal(patchify(chw, patch_size=14, merge_size=2, temporal_patch_size=1), out)
+    assert torch.equal(patchify(chw, patch_size=p, merge_size=m, temporal_patch_size=1), out)
 
 
 def test_patchify_takes_the_pixel_run_path_only_where_it_applies() -> None:

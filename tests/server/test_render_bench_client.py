@@ -286,3 +286,10 @@ def test_bench_warms_each_server_with_images_no_round_measures(
     for level in range(2):
         measured |= urls(bench.build_bodies(args, args.seed + 1000 * level)[0])
     assert measured and not urls(warm_bodies) & measured
+
+
+def test_bench_refuses_a_negative_warm_up(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _bench().main(["--warm", "-1"])
+    assert exit_info.value.code == 2
+    assert "--warm must be 0 or more, got -1" in capsys.readouterr().err

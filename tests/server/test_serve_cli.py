@@ -51,9 +51,24 @@ def test_serve_refuses_a_missing_folder(tmp_path: Path, capsys: Any) -> None:
     assert "not a model folder" in capsys.readouterr().out
 
 
-def test_serve_refuses_zero_transform_threads(model_folder: Path, capsys: Any) -> None:
-    assert main(["serve", str(model_folder), "--transform-threads", "0"]) == 2
-    assert "--transform-threads must be at least 1" in capsys.readouterr().out
+@pytest.mark.parametrize("flag", ["--transform-threads", "--busy-transform-threads"])
+def test_serve_refuses_zero_transform_threads(model_folder: Path, capsys: Any, flag: str) -> None:
+    assert main(["serve", str(model_folder), flag, "0"]) == 2
+    assert f"{flag} must be at least 1" in capsys.readouterr().out
+
+
+def test_serve_passes_the_busy_transform_threads_on(
+    model_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiomm.server import ServerConfig
+
+    served: list[ServerConfig] = []
+    monkeypatch.setattr(
+        "aiomm.server.serve.serve", lambda config, **kwargs: served.append(config) or 0
+    )
+    assert main(["serve", str(model_folder), "--busy-transform-threads", "3"]) == 0
+    assert main(["serve", str(model_folder)]) == 0
+    assert [c.busy_transform_threads for c in served] == [3, None]
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
@@ -82,6 +97,7 @@ def test_serve_pretouches_the_cache_unless_told_not_to(
 def test_serve_drops_the_pretouch_when_the_host_lacks_the_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from aiomm.config import available_cores
     from aiomm.server import ServerConfig
     from aiomm.server import serve as serve_module
 
@@ -104,6 +120,7 @@ def test_serve_drops_the_pretouch_when_the_host_lacks_the_budget(
     assert serve_module.serve(config, host="127.0.0.1", port=1, workers=2, peer_cache=False) == 0
     assert asked == [3 << 30]  # the whole server's budget, checked once before the workers
     assert started[0]["cache_pretouch"] is False and started[0]["cache_bytes"] == 3 << 29
+    assert started[0]["busy_transform_threads"] == max(1, available_cores() // 2)
     # no WebSocket upgrades (an upgraded connection would stay counted by the worker's balance)
     assert options[0]["ws"] == "none"
 
@@ -122,6 +139,7 @@ def test_workers_share_one_cache_budget() -> None:
 def test_workers_share_the_cores_under_load() -> None:
     """Each of N workers runs cores / N transform threads while busy (at least one); one
     worker, or a value given, keeps the engine's rule."""
+    from aiomm.config import available_cores
     from aiomm.server import ServerConfig
     from aiomm.server.serve import worker_config
 
@@ -132,7 +150,7 @@ def test_workers_share_the_cores_under_load() -> None:
     assert worker_config(m, 1, cores=16).busy_transform_threads is None
     given = ServerConfig(model="m", busy_transform_threads=3)
     assert worker_config(given, 2, cores=2).busy_transform_threads == 3
-    assert worker_config(m, 2).busy_transform_threads == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert worker_config(m, 2).busy_transform_threads == max(1, available_cores() // 2)
 
 
 def _start(model_folder: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:

@@ -85,6 +85,7 @@ async def test_server_config_reaches_the_engine(model_folder: Path, tmp_path: Pa
         model=str(model_folder),
         peer_cache_dir=str(tmp_path),
         transform_threads=1,
+        busy_transform_threads=1,
         cache_bytes=96 << 20,
     )
     async with open_state(config) as state:
@@ -92,5 +93,6 @@ async def test_server_config_reaches_the_engine(model_folder: Path, tmp_path: Pa
         sockets = os.listdir(tmp_path)
         capacity = state.engine.stats().cache.capacity_bytes
     assert engine_cfg.peer_cache_dir == str(tmp_path) and engine_cfg.transform_threads == 1
+    assert engine_cfg.busy_transform_threads == 1
     assert engine_cfg.cache_capacity_bytes == capacity == 96 << 20
     assert len(sockets) == 1 and sockets[0].endswith(".sock")

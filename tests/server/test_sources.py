@@ -86,6 +86,7 @@ def test_worker_config_round_trips() -> None:
         served_model_names=("a", "b"),
         upstream="http://127.0.0.1:1",
         limits=RenderLimits(max_images=3),
+        busy_transform_threads=2,
     )
     assert _from_env(_to_env(config)) == config
 
