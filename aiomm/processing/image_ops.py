@@ -372,7 +372,7 @@ def _rows_of_rgbx(view: np.ndarray, p: int, m: int) -> np.ndarray:
     Copying the view's patches byte by byte moves 14-byte runs through numpy's iterator
     (1.1 ms for a 1288x728 image); here each patch row's pixels move as one run into patch
     order, then channel ``c`` is the low byte of the 4-byte numbers starting at byte ``c`` of
-    each pixel, which numpy casts to uint8 over long rows (0.35 ms together). A run stops
+    each pixel, which numpy casts to uint8 over long rows (0.41 ms together). A run stops
     before its last pixel's fourth byte, which the view may not own (that byte of the gathered
     pixels is never read). The gathered pixels are in this thread's scratch buffer.
     """
