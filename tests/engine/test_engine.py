@@ -18,7 +18,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-from counting_decoder import CountingDecoder
+from counting_decoder import ConcurrencyDecoder, CountingDecoder
 
 from aiomm.config import EngineConfig
 from aiomm.decode import DecodeConfig
@@ -144,25 +144,6 @@ async def test_an_image_header_is_parsed_once(make_processor, monkeypatch) -> No
         assert torch.equal(a.pixel_values, b.pixel_values)
 
 
-class OverlapDecoder(CountingDecoder):
-    """Counts the most decodes in flight at once (each held ``delay`` seconds)."""
-
-    def __init__(self, delay: float) -> None:
-        super().__init__(delay)
-        self.active = self.most = 0
-        self._lock = threading.Lock()
-
-    def decode(self, data: bytes) -> np.ndarray:
-        with self._lock:
-            self.active += 1
-            self.most = max(self.most, self.active)
-        try:
-            return super().decode(data)
-        finally:
-            with self._lock:
-                self.active -= 1
-
-
 @pytest.mark.parametrize("busy", [None, 1])
 async def test_busy_transform_threads_under_load_all_threads_for_one_request(
     make_processor, busy: int | None
@@ -170,7 +151,7 @@ async def test_busy_transform_threads_under_load_all_threads_for_one_request(
     """With ``busy_transform_threads=1`` one request alone decodes its two images at once, two
     requests in flight one image at a time; unset, every thread runs either way."""
     config = EngineConfig(device="cpu", transform_threads=2, busy_transform_threads=busy)
-    alone, together = OverlapDecoder(0.2), OverlapDecoder(0.2)
+    alone, together = ConcurrencyDecoder(0.2), ConcurrencyDecoder(0.2)
     pngs = [encode(image(40 + i), "PNG") for i in range(4)]
     async with Engine(make_processor(), config, decoder=alone) as engine:
         await engine.process(Request(prompt=prompt(2), images=pngs[:2]))

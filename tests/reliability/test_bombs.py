@@ -4,18 +4,15 @@ pixel limit is derived from what the adapter keeps."""
 from __future__ import annotations
 
 import io
-import threading
-import time
 
 import anyio
-import numpy as np
 import PIL.Image
 import pytest
+from counting_decoder import ConcurrencyDecoder
 
 from aiomm.config import DecodeConfig, EngineConfig
 from aiomm.engine import Engine
 from aiomm.errors import ImageTooLargeError
-from aiomm.stages import PillowDecoder
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -33,26 +30,6 @@ async def test_budget_admits_a_decode_by_its_real_peak(make_processor) -> None:
         await engine.process(Request(prompt=PH, images=[one_bit]))
         peak = engine.stats().decoded_bytes.peak
     assert peak >= 11 * 2048 * 2048 > 3 * 2048 * 2048
-
-
-class ConcurrencyDecoder(PillowDecoder):
-    """Pillow, recording how many decodes run at once."""
-
-    def __init__(self) -> None:
-        super().__init__(DecodeConfig())
-        self.running = self.most = 0
-        self.lock = threading.Lock()
-
-    def decode(self, data: bytes) -> np.ndarray:
-        with self.lock:
-            self.running += 1
-            self.most = max(self.most, self.running)
-        try:
-            time.sleep(0.05)
-            return super().decode(data)
-        finally:
-            with self.lock:
-                self.running -= 1
 
 
 async def test_budget_serialises_bombs_that_fit_only_one_at_a_time(make_processor) -> None:

@@ -29,3 +29,24 @@ class CountingDecoder(PillowDecoder):
             self.hold.wait(10)
         time.sleep(self.delay)
         return super().decode(data)
+
+
+class ConcurrencyDecoder(PillowDecoder):
+    """Pillow, recording the most decodes in flight at once (each held ``delay`` seconds)."""
+
+    def __init__(self, delay: float = 0.05) -> None:
+        super().__init__(DecodeConfig())
+        self.delay = delay
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def decode(self, data: bytes) -> np.ndarray:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(self.delay)
+            return super().decode(data)
+        finally:
+            with self.lock:
+                self.running -= 1
