@@ -23,7 +23,9 @@ def test_one_run_reports_every_phase(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert all(median[p] >= 0 for p in module.PHASES)
     # the phases add up to the time from spawn to the first result
     assert sum(median[p] for p in module.PHASES) == pytest.approx(median["first_result"])
-    assert record["aiomm_run_samples_1_s"] > record["aiomm_run_first_result_s"] > 0
+    # two separate processes: on a loaded machine either may finish first, so only both are timed
+    assert record["aiomm_run_samples_1_s"] > 0 and record["aiomm_run_first_result_s"] > 0
+    assert len(record["all"]["cli"]) == len(record["all"]["cli_first"]) == 1
     # the embedded default starts from its stored snapshot: no transformers, no torchvision
     assert not {"transformers", "torchvision"} & set(record["loaded"] + record["aiomm_run_loaded"])
     assert "spawn -> first result" in printed and "aiomm run --samples 1: first" in printed
