@@ -63,11 +63,18 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class LimiterStats:
-    """One bounded queue: its capacity, the slots in use and the tasks waiting for one."""
+    """One bounded queue: its capacity, the slots in use, the tasks waiting for one and the
+    slots that may be in use now (``limit``: the capacity unless held back, as the transform
+    stage's threads are by ``busy_transform_threads``)."""
 
     capacity: int
     in_use: int
     waiting: int
+    limit: int = -1
+
+    def __post_init__(self) -> None:
+        if self.limit < 0:
+            object.__setattr__(self, "limit", self.capacity)
 
 
 @dataclass(frozen=True)
@@ -480,7 +487,7 @@ class Engine:
             stages.update({stage.name: stage.statistics() for stage in pipeline.stages})
         device_stats = self.device.statistics()
         queues = {
-            name: LimiterStats(s.capacity, s.in_use, s.waiting)
+            name: LimiterStats(s.capacity, s.in_use, s.waiting, s.limit)
             for name, s in (
                 ("requests", stages["admission"]),
                 ("fetch", stages.get("fetch")),

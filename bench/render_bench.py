@@ -312,7 +312,11 @@ def _idle_s(stat: str | None = None) -> float:
     return (int(fields[4]) + int(fields[5])) / CLK_TCK
 
 
-def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: int) -> LevelResult:
+def _level(
+    name: str, url: str, pid: int, c: int, bodies: list[bytes], images: int, phase: str = "round"
+) -> LevelResult:
+    """One closed-loop run of ``bodies`` against one server; its JSON line names its ``phase``
+    (``"warm"`` for the ``--warm`` requests, else ``"round"``)."""
     cpu0, idle0, t0, me0 = _cpu_s(pid), _idle_s(), time.perf_counter(), time.process_time()
     latencies, received = _run(_drive(url, bodies, c))
     wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - cpu0
@@ -333,7 +337,7 @@ def _level(name: str, url: str, pid: int, c: int, bodies: list[bytes], images: i
         round(client_cpu, 2),
         round(idle, 2),
     )
-    print(json.dumps(_row(result)), flush=True)
+    print(json.dumps({"phase": phase, **_row(result)}), flush=True)
     return result
 
 
@@ -356,7 +360,9 @@ def warm(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> list[
         return []
     bodies, images = warm_plan(args)
     c = max(args.concurrency)
-    return [_level(name, url, pid, c, bodies, images) for name, (url, pid) in servers.items()]
+    return [
+        _level(name, url, pid, c, bodies, images, "warm") for name, (url, pid) in servers.items()
+    ]
 
 
 def measure(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> list[LevelResult]:

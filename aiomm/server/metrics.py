@@ -43,6 +43,13 @@ class ServerMetrics:
         self.queue = Gauge(
             "aiomm_queue_in_use", "Slots in use per engine queue", ["queue"], registry=r
         )
+        self.limit = Gauge(
+            "aiomm_queue_limit",
+            "Slots per engine queue that may be in use now (the transform queue's threads are "
+            "held back to --busy-transform-threads while two or more requests are in flight)",
+            ["queue"],
+            registry=r,
+        )
         self.waiting = Gauge(
             "aiomm_queue_waiting", "Tasks waiting per engine queue", ["queue"], registry=r
         )
@@ -88,6 +95,7 @@ class ServerMetrics:
             for name, q in engine_stats.queues.items():
                 self.queue.labels(name).set(q.in_use)
                 self.waiting.labels(name).set(q.waiting)
+                self.limit.labels(name).set(q.limit)
             cache = engine_stats.cache
             for event in ("hits", "misses", "joins", "evictions", "oversize_skips"):
                 value = getattr(cache, event, None)

@@ -13,7 +13,11 @@ __all__ = ("Stage", "StageStatistics")
 
 @dataclass(frozen=True)
 class StageStatistics:
-    """A snapshot of one stage: its bound (0 when it has none), use, waiters and outcomes."""
+    """A snapshot of one stage: its bound (0 when it has none), use, waiters and outcomes.
+
+    ``limit`` is how many of its ``capacity`` slots may be in use now: the capacity, except
+    for the transform stage while ``EngineConfig.busy_transform_threads`` holds its threads
+    back (two or more requests in flight)."""
 
     name: str
     capacity: int
@@ -21,6 +25,11 @@ class StageStatistics:
     waiting: int
     completed: int
     failed: int
+    limit: int = -1
+
+    def __post_init__(self) -> None:
+        if self.limit < 0:  # not given: the whole capacity
+            object.__setattr__(self, "limit", self.capacity)
 
 
 class Stage:

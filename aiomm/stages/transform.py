@@ -287,7 +287,7 @@ class TransformStage(Stage):
     def statistics(self) -> StageStatistics:
         s = self.workers.statistics()
         return StageStatistics(
-            self.name, s.capacity, s.in_use, s.waiting, self._completed, self._failed
+            self.name, s.capacity, s.in_use, s.waiting, self._completed, self._failed, s.limit
         )
 
     def _transform(

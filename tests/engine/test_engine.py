@@ -159,10 +159,19 @@ async def test_busy_transform_threads_under_load_all_threads_for_one_request(
         async with anyio.create_task_group() as tg:
             for png in pngs[2:]:
                 tg.start_soon(engine.process, Request(prompt=prompt(1), images=[png]))
-        limit = engine._pipeline.transform.workers.statistics().limit  # all done: every thread
+            # a decode runs (each takes 0.2 s): by then both requests are admitted
+            assert await anyio.to_thread.run_sync(together.started.wait, 5)
+            await anyio.sleep(0.05)
+            during = engine.stats()
+        after = engine.stats()  # all done: every thread
     assert alone.most == 2
     assert together.most == (2 if busy is None else 1)
-    assert limit == 2
+    # the statistics show the threads held back while busy
+    assert during.stage_statistics["transform"].limit == (2 if busy is None else 1)
+    assert during.queues["transform"].limit == during.stage_statistics["transform"].limit
+    assert during.stage_statistics["transform"].capacity == 2
+    assert after.stage_statistics["transform"].limit == after.queues["transform"].limit == 2
+    assert during.queues["requests"].limit == during.queues["requests"].capacity
 
 
 async def test_fifty_concurrent_requests_one_decode(make_processor) -> None:

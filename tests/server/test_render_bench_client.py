@@ -264,6 +264,12 @@ def test_bench_warms_each_server_with_images_no_round_measures(
     assert (warm["server"], warm["requests"], warm["concurrency"]) == ("aiomm", 5, 2)
     assert warm["images"] >= 5 and warm["server_cpu_ms_per_image"] > 0
     assert f"warm-up aiomm: 5 requests, {warm['images']} images at c=2" in printed
+    # each run's JSON line says whether it is the warm-up or a measured round
+    lines = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
+    assert [line["phase"] for line in lines] == ["warm"] + ["round"] * len(result["rounds"])
+    assert lines[0]["requests"] == 5 and [line["requests"] for line in lines[1:]] == [
+        r["requests"] for r in result["rounds"]
+    ]
     # the rounds count only their own requests
     assert sorted(r["requests"] for r in result["combined"]) == [3, 3]
 

@@ -32,18 +32,21 @@ class CountingDecoder(PillowDecoder):
 
 
 class ConcurrencyDecoder(PillowDecoder):
-    """Pillow, recording the most decodes in flight at once (each held ``delay`` seconds)."""
+    """Pillow, recording the most decodes in flight at once (each held ``delay`` seconds);
+    ``started`` is set when the first decode begins."""
 
     def __init__(self, delay: float = 0.05) -> None:
         super().__init__(DecodeConfig())
         self.delay = delay
         self.running = self.most = 0
         self.lock = threading.Lock()
+        self.started = threading.Event()
 
     def decode(self, data: bytes) -> np.ndarray:
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
+        self.started.set()
         try:
             time.sleep(self.delay)
             return super().decode(data)
