@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ __all__ = (
     "permuted_copy",
     "resize",
     "resize_chw",
+    "scratch_bytes",
     "to_rgb_array",
 )
 
@@ -246,6 +248,36 @@ _AA_OPS = {
 #: a scratch buffer larger than this is not kept (a fresh tensor is used instead)
 _SCRATCH_MAX_BYTES = 64 << 20
 _scratch = threading.local()
+#: bytes of scratch buffers per thread that has any (an entry goes when its thread's locals do)
+_held: dict[int, int] = {}
+_held_lock = threading.Lock()
+
+
+class _Holder:
+    """One thread's scratch buffers by slot; counted in :func:`scratch_bytes` while it lives."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+        key = id(self)
+        weakref.finalize(self, _forget, key)
+        self.key = key
+
+    def set(self, slot: str, buffer: np.ndarray) -> None:
+        self.buffers[slot] = buffer
+        with _held_lock:
+            _held[self.key] = sum(int(b.nbytes) for b in self.buffers.values())
+
+
+def _forget(key: int) -> None:
+    with _held_lock:
+        _held.pop(key, None)
+
+
+def scratch_bytes() -> int:
+    """Bytes the scratch buffers of the resize and patch layout hold now, all threads together
+    (each thread that ran them keeps up to three, at most 64 MiB each, until it exits)."""
+    with _held_lock:
+        return sum(_held.values())
 
 
 def _scratch_view(slot: str, channels: int, height: int, width: int) -> np.ndarray | None:
@@ -254,10 +286,13 @@ def _scratch_view(slot: str, channels: int, height: int, width: int) -> np.ndarr
     size = channels * height * width
     if size > _SCRATCH_MAX_BYTES:
         return None
-    buffer = getattr(_scratch, slot, None)
+    holder = getattr(_scratch, "holder", None)
+    if holder is None:
+        holder = _scratch.holder = _Holder()
+    buffer = holder.buffers.get(slot)
     if buffer is None or buffer.size < size:
         buffer = np.empty(size, dtype=np.uint8)
-        setattr(_scratch, slot, buffer)
+        holder.set(slot, buffer)
     return buffer[:size].reshape(height, width, channels)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from aiomm.peer_cache import PeerCacheStatistics
+from aiomm.processing.image_ops import scratch_bytes
 
 __all__ = ("ServerMetrics",)
 
@@ -63,6 +64,11 @@ class ServerMetrics:
         self.cache_capacity = Gauge(
             "aiomm_cache_capacity_bytes", "Bytes of items the cache may hold", registry=r
         )
+        self.scratch = Gauge(
+            "aiomm_scratch_bytes",
+            "Bytes the transform threads keep in their resize and patch scratch buffers",
+            registry=r,
+        )
         self.cache_pretouched = Gauge(
             "aiomm_cache_pretouched_bytes",
             "Bytes of memory faulted in for the cache before serving (--cache-pretouch)",
@@ -117,4 +123,5 @@ class ServerMetrics:
                 for event, value in vars(shared).items():
                     if isinstance(value, int) and not isinstance(value, bool):
                         self.shared_cache.labels(event).set(value)
+        self.scratch.set(scratch_bytes())
         return generate_latest(self.registry)
