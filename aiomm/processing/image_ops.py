@@ -248,9 +248,10 @@ _AA_OPS = {
 #: a scratch buffer larger than this is not kept (a fresh tensor is used instead)
 _SCRATCH_MAX_BYTES = 64 << 20
 _scratch = threading.local()
-#: bytes of scratch buffers per thread that has any (an entry goes when its thread's locals do)
+#: bytes of scratch buffers per thread that has any (an entry goes when its thread's locals do).
+#: No lock: single dict stores, pops and copies are atomic, and a lock taken by the finaliser
+#: could be held forever in a child forked while another thread held it
 _held: dict[int, int] = {}
-_held_lock = threading.Lock()
 
 
 class _Holder:
@@ -258,26 +259,20 @@ class _Holder:
 
     def __init__(self) -> None:
         self.buffers: dict[str, np.ndarray] = {}
-        key = id(self)
-        weakref.finalize(self, _forget, key)
-        self.key = key
+        self.key = id(self)  # not reused before the finaliser has run
+        weakref.finalize(self, _held.pop, self.key, None)
 
     def set(self, slot: str, buffer: np.ndarray) -> None:
         self.buffers[slot] = buffer
-        with _held_lock:
-            _held[self.key] = sum(int(b.nbytes) for b in self.buffers.values())
-
-
-def _forget(key: int) -> None:
-    with _held_lock:
-        _held.pop(key, None)
+        _held[self.key] = sum(int(b.nbytes) for b in self.buffers.values())
 
 
 def scratch_bytes() -> int:
     """Bytes the scratch buffers of the resize and patch layout hold now, all threads together
-    (each thread that ran them keeps up to three, at most 64 MiB each, until it exits)."""
-    with _held_lock:
-        return sum(_held.values())
+    (each thread that ran them keeps up to three, at most 64 MiB each, until it exits). A
+    buffer replaced by a larger one, or left by an exited thread, is no longer counted even
+    while a result still views it."""
+    return sum(_held.copy().values())
 
 
 def _scratch_view(slot: str, channels: int, height: int, width: int) -> np.ndarray | None:

@@ -44,6 +44,9 @@ class ServerMetrics:
         self.queue = Gauge(
             "aiomm_queue_in_use", "Slots in use per engine queue", ["queue"], registry=r
         )
+        self.capacity = Gauge(
+            "aiomm_queue_capacity", "Slots per engine queue", ["queue"], registry=r
+        )
         self.limit = Gauge(
             "aiomm_queue_limit",
             "Slots per engine queue that may be in use now (the transform queue's threads are "
@@ -101,6 +104,7 @@ class ServerMetrics:
             for name, q in engine_stats.queues.items():
                 self.queue.labels(name).set(q.in_use)
                 self.waiting.labels(name).set(q.waiting)
+                self.capacity.labels(name).set(q.capacity)
                 self.limit.labels(name).set(q.limit)
             cache = engine_stats.cache
             for event in ("hits", "misses", "joins", "evictions", "oversize_skips"):

@@ -151,7 +151,7 @@ async def test_busy_transform_threads_under_load_all_threads_for_one_request(
     """With ``busy_transform_threads=1`` one request alone decodes its two images at once, two
     requests in flight one image at a time; unset, every thread runs either way."""
     config = EngineConfig(device="cpu", transform_threads=2, busy_transform_threads=busy)
-    alone, together = ConcurrencyDecoder(0.2), ConcurrencyDecoder(0.2)
+    alone, together = ConcurrencyDecoder(0.2), ConcurrencyDecoder(0.0, gate=threading.Event())
     pngs = [encode(image(40 + i), "PNG") for i in range(4)]
     async with Engine(make_processor(), config, decoder=alone) as engine:
         await engine.process(Request(prompt=prompt(2), images=pngs[:2]))
@@ -159,10 +159,15 @@ async def test_busy_transform_threads_under_load_all_threads_for_one_request(
         async with anyio.create_task_group() as tg:
             for png in pngs[2:]:
                 tg.start_soon(engine.process, Request(prompt=prompt(1), images=[png]))
-            # a decode runs (each takes 0.2 s): by then both requests are admitted
-            assert await anyio.to_thread.run_sync(together.started.wait, 5)
-            await anyio.sleep(0.05)
+            # decodes wait at the gate until the statistics are read: one (busy) or both run
+            assert await anyio.to_thread.run_sync(together.wait_running, 1 if busy else 2)
+            with anyio.fail_after(10):
+                # nothing signals a job held at the pool's gate: look until the second is there
+                while busy and engine.stats().stage_statistics["transform"].waiting < 1:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
             during = engine.stats()
+            assert together.gate is not None
+            together.gate.set()
         after = engine.stats()  # all done: every thread
     assert alone.most == 2
     assert together.most == (2 if busy is None else 1)

@@ -146,22 +146,24 @@ def test_scratch_resize_reuses_this_threads_buffer_and_not_another_threads() -> 
 def test_scratch_bytes_counts_each_threads_buffers_until_it_exits() -> None:
     chw = torch.from_numpy(padded(40, 60, seed=2).base).permute(2, 0, 1)
     ready, done = threading.Event(), threading.Event()
+    keys: list[int] = []
 
     def work() -> None:
         resize_chw(chw, 280, 420, Resample.BICUBIC, scratch=True)
+        keys.append(image_ops._scratch.holder.key)
         ready.set()
         done.wait(10)
 
-    before = image_ops.scratch_bytes()
     thread = threading.Thread(target=work)
     thread.start()
     assert ready.wait(10)
-    # its two passes: 40 x 420 then 280 x 420 pixels of 4 bytes (at least; it may hold more)
-    held = image_ops.scratch_bytes() - before
+    # this thread's two passes: 40 x 420, then 280 x 420 pixels of 4 bytes
+    held = image_ops._held[keys[0]]
+    counted = image_ops.scratch_bytes()
     done.set()
     thread.join()
-    assert held == 4 * 420 * (40 + 280)
-    assert image_ops.scratch_bytes() == before  # the thread's buffers went with it
+    assert held == 4 * 420 * (40 + 280) and counted >= held
+    assert keys[0] not in image_ops._held  # the thread's buffers went with it
 
 
 def test_scratch_resize_falls_back_where_it_cannot_use_its_buffers(

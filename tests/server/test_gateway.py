@@ -204,7 +204,9 @@ def test_metrics_and_models(gateway: Any, model_folder: Path) -> None:
     assert "aiomm_request_seconds_bucket" in text
     assert 'aiomm_errors_total{type="BadRequestError"}' in text
     assert "aiomm_images_total" in text and "aiomm_queue_in_use" in text
-    assert float(text.split("\naiomm_scratch_bytes ")[1].split()[0]) >= 0
+    # the server's transform threads resized the image in their scratch buffers
+    assert float(text.split("\naiomm_scratch_bytes ")[1].split()[0]) > 0
+    assert 'aiomm_queue_capacity{queue="transform"}' in text
     # idle: the transform queue may use all its threads
     assert float(text.split('\naiomm_queue_limit{queue="transform"} ')[1].split()[0]) >= 1
     assert 'aiomm_cache_events_total_engine{event="evictions"} 0.0' in text

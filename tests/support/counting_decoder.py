@@ -32,24 +32,31 @@ class CountingDecoder(PillowDecoder):
 
 
 class ConcurrencyDecoder(PillowDecoder):
-    """Pillow, recording the most decodes in flight at once (each held ``delay`` seconds);
-    ``started`` is set when the first decode begins."""
+    """Pillow, recording the most decodes in flight at once (each held ``delay`` seconds, then
+    until ``gate`` is set when one is given); :meth:`wait_running` waits for decodes to start."""
 
-    def __init__(self, delay: float = 0.05) -> None:
+    def __init__(self, delay: float = 0.05, gate: threading.Event | None = None) -> None:
         super().__init__(DecodeConfig())
         self.delay = delay
+        self.gate = gate
         self.running = self.most = 0
-        self.lock = threading.Lock()
-        self.started = threading.Event()
+        self.changed = threading.Condition()
+
+    def wait_running(self, count: int, timeout: float = 10.0) -> bool:
+        """Block until ``count`` or more decodes are in flight; False after ``timeout``."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.running >= count, timeout)
 
     def decode(self, data: bytes) -> np.ndarray:
-        with self.lock:
+        with self.changed:
             self.running += 1
             self.most = max(self.most, self.running)
-        self.started.set()
+            self.changed.notify_all()
         try:
             time.sleep(self.delay)
+            if self.gate is not None:
+                self.gate.wait(30)
             return super().decode(data)
         finally:
-            with self.lock:
+            with self.changed:
                 self.running -= 1
