@@ -70,11 +70,7 @@ class LimiterStats:
     capacity: int
     in_use: int
     waiting: int
-    limit: int = -1
-
-    def __post_init__(self) -> None:
-        if self.limit < 0:
-            object.__setattr__(self, "limit", self.capacity)
+    limit: int
 
 
 @dataclass(frozen=True)
@@ -497,13 +493,15 @@ class Engine:
             if s is not None
         }
         lane = requests.network
-        queues["network"] = LimiterStats(lane.capacity, lane.in_use, lane.waiting)
+        queues["network"] = LimiterStats(lane.capacity, lane.in_use, lane.waiting, lane.limit)
         workers = self.device.workers.statistics()
+        device_slots = int(workers.total_tokens)
         queues["device"] = LimiterStats(
-            int(workers.total_tokens), workers.borrowed_tokens, workers.tasks_waiting
+            device_slots, workers.borrowed_tokens, workers.tasks_waiting, device_slots
         )
+        pool = device_stats.pool_capacity
         queues["device_staging"] = LimiterStats(
-            device_stats.pool_capacity, device_stats.pool_in_use, device_stats.pool_waiting
+            pool, device_stats.pool_in_use, device_stats.pool_waiting, pool
         )
         return EngineStats(
             requests_started=requests.started,

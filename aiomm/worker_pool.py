@@ -42,7 +42,7 @@ class WorkerPoolStatistics:
     capacity: int
     in_use: int
     waiting: int
-    limit: int = 0
+    limit: int
 
 
 class _Abandoned(Exception):

@@ -25,11 +25,7 @@ class StageStatistics:
     waiting: int
     completed: int
     failed: int
-    limit: int = -1
-
-    def __post_init__(self) -> None:
-        if self.limit < 0:  # not given: the whole capacity
-            object.__setattr__(self, "limit", self.capacity)
+    limit: int
 
 
 class Stage:
@@ -62,4 +58,6 @@ class Stage:
         else:
             s = self.limiter.statistics()
             capacity, in_use, waiting = int(s.total_tokens), s.borrowed_tokens, s.tasks_waiting
-        return StageStatistics(self.name, capacity, in_use, waiting, self._completed, self._failed)
+        return StageStatistics(
+            self.name, capacity, in_use, waiting, self._completed, self._failed, capacity
+        )
