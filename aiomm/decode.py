@@ -18,6 +18,7 @@ import functools
 import io
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -350,12 +351,18 @@ class _Source(io.BytesIO):
     def track(self) -> None:
         """Watch the reads from here on. The header parse before it reads with BytesIO's own C
         ``read`` (a JPEG header takes dozens of small reads; a truncated header fails to parse)."""
-        base = super().read
+        # through a weak reference: a closure over ``self``, stored on ``self``, is a reference
+        # cycle, and the encoded bytes would wait for the garbage collector to be freed
+        ref = weakref.ref(self)
+        base = io.BytesIO.read
 
         def read(size: int | None = -1) -> bytes:
-            chunk = base(size)
+            source = ref()
+            if source is None:
+                raise ValueError("read from a closed image source")
+            chunk = base(source, size)
             if not chunk and size != 0:
-                self.ran_dry = True
+                source.ran_dry = True
             return chunk
 
         # an instance attribute shadows the method: Pillow's load looks ``fp.read`` up each time

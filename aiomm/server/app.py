@@ -212,9 +212,14 @@ def create_app(config: ServerConfig) -> Starlette:
                 f"request body of {size} bytes is above the limit of {config.max_body_bytes}",
                 status=413,
             )
-        raw = bytearray()
+        raw: bytes | bytearray = b""
         async for chunk in request.stream():
-            raw += chunk
+            if not raw:
+                raw = chunk  # the whole body, as RenderHttpProtocol reads it: no copy
+            else:
+                if isinstance(raw, bytes):
+                    raw = bytearray(raw)
+                raw += chunk
             if len(raw) > config.max_body_bytes:
                 raise ApiError(
                     f"request body above the limit of {config.max_body_bytes} bytes", status=413

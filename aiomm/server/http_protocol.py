@@ -9,6 +9,12 @@ what does not fit is handed to the transport, which queues it and keeps every la
 behind it, so the bytes stay in order. Small writes, any write behind queued data, and every
 transport not known to write its bytes to the socket unchanged (TLS, proxies) take the
 transport's own path.
+
+Request bodies go the other way: uvicorn hands the app a body in pieces of about 64 KiB, pausing
+the socket after each one until the app has taken it, so a request with megabytes of data URLs
+costs a trip through the event loop (and a copy) per piece. A body whose ``Content-Length`` is
+at most :attr:`RenderHttpProtocol.whole_body_bytes` is read whole first, and the app is woken
+once, for all of it.
 """
 
 from __future__ import annotations
@@ -86,6 +92,11 @@ class RenderHttpProtocol(HttpToolsProtocol):
     after its next response (:mod:`.connection_balance`)."""
 
     _balance: ConnectionBalance | None = None
+    #: a request body of at most this many bytes (by its ``Content-Length``) is read whole
+    #: before the app is woken for it
+    whole_body_bytes = 64 << 20
+    #: the body now being read whole (0: uvicorn's pieces)
+    _whole_body = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(DirectWriteTransport(transport))  # type: ignore[arg-type]
@@ -101,6 +112,7 @@ class RenderHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self._whole_body = _content_length(self.headers, self.whole_body_bytes)
         cycle = self.cycle
         if (
             self._balance is not None
@@ -110,3 +122,25 @@ class RenderHttpProtocol(HttpToolsProtocol):
         ):
             cycle.keep_alive = False  # "Connection: close" on the response, then closed
             self._balance = None  # no longer counted here
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if not self._whole_body or cycle is None:
+            super().on_body(body)
+            return
+        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+            return  # as uvicorn's: a body after the response, or of an upgrade, is dropped
+        # no pause and no wake-up per piece: on_message_complete wakes the app for the whole body
+        cycle.body += body
+
+
+def _content_length(headers: list[tuple[bytes, bytes]], most: int) -> int:
+    """The request's ``Content-Length`` when it is a number from 1 to ``most``, else 0."""
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                return 0
+            return length if 0 < length <= most else 0
+    return 0

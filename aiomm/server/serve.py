@@ -26,6 +26,7 @@ from aiomm.memory import prefer_small_pages, pretouch_fits
 from .app import ServerConfig, create_app
 from .http_protocol import RenderHttpProtocol
 from .render import RenderLimits
+from .uvicorn_server import ServingServer
 from .workers import run_workers
 
 __all__ = ("app_from_env", "serve", "worker_config")
@@ -111,5 +112,7 @@ def serve(
                 config = replace(config, peer_cache_dir=folder)
             os.environ[_ENV] = _to_env(worker_config(config, workers))
             return run_workers(host, port, workers, options)
-    uvicorn.run(create_app(config), host=host, port=port, **options)
-    return 0
+    server = ServingServer(uvicorn.Config(create_app(config), host=host, port=port, **options))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE

@@ -111,12 +111,12 @@ def _worker(
     balance = ConnectionBalance(counts, index)
     connection_balance.install(balance)
 
-    class Worker(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            if self.started:
-                balance.serving()
-                ready.set()
+    from .uvicorn_server import ServingServer
+
+    class Worker(ServingServer):
+        def serving(self) -> None:
+            balance.serving()
+            ready.set()
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             balance.serving(False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import re
 import struct
@@ -109,6 +110,33 @@ def test_a_photo_is_fed_to_the_decoder_in_one_read(monkeypatch: pytest.MonkeyPat
     assert len(data) > 4 * 65536
     assert np.array_equal(decode(data), np.asarray(PIL.Image.open(io.BytesIO(data))))
     assert reads and reads[0] >= len(data) - 1000 and len(reads) <= 2, reads
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "BMP"])
+def test_the_encoded_bytes_are_freed_without_the_garbage_collector(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a reference cycle would keep every image's bytes until the collector's next pass
+    import weakref
+
+    import aiomm.decode
+
+    sources: list[weakref.ref[Any]] = []
+    track = aiomm.decode._Source.track
+
+    def recording_track(self: Any) -> None:
+        sources.append(weakref.ref(self))
+        track(self)
+
+    monkeypatch.setattr(aiomm.decode._Source, "track", recording_track)
+    data = encode(PIL.Image.fromarray(noise(64, 80)), fmt)
+    gc.disable()
+    try:
+        assert decode(data).shape == (64, 80, 3)
+        assert sources, "the decode read through a tracked source"
+        assert all(ref() is None for ref in sources), "a source outlived its decode"
+    finally:
+        gc.enable()
 
 
 def test_png_with_a_transparency_key_is_not_mapped() -> None:

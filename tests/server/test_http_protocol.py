@@ -64,12 +64,12 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 class _Server:
-    def __init__(self, loop: str, **ssl_files: str) -> None:
+    def __init__(self, loop: str, app: Any = _app, **ssl_files: str) -> None:
         self.port = free_port()
         scheme = "https" if ssl_files else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}/"
         config = uvicorn.Config(
-            _app, host="127.0.0.1", port=self.port, log_level="warning", loop=loop,
+            app, host="127.0.0.1", port=self.port, log_level="warning", loop=loop,
             http=RenderHttpProtocol, log_config=None, **ssl_files,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
@@ -284,3 +284,103 @@ def test_tls_bodies_never_bypass_the_encryption(
     with _Server(loop, **tls_files) as server:
         assert httpx.get(server.url, timeout=30, verify=context).content == BODY
     assert direct_writes == []
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+class _BodyRecorder:
+    """An ASGI app that answers with the length of the body it read, recording each message
+    ``receive`` gave it as ``(type, body length, more_body)``."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, int, bool]] = []
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _app(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            self.messages.append((message["type"], len(chunk), message.get("more_body", False)))
+            if message["type"] == "http.disconnect":
+                return
+            body += chunk
+            if not message.get("more_body", False):
+                break
+        self.bodies.append(bytes(body))
+        answer = str(len(body)).encode()
+        headers = [(b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+def _send_in_pieces(sock: socket.socket, data: bytes, piece: int = 1 << 15) -> None:
+    for start in range(0, len(data), piece):
+        sock.sendall(data[start : start + piece])
+        time.sleep(0.001)  # each piece its own read on the server
+
+
+def _post(port: int, body: bytes, *, chunked: bool = False) -> bytes:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    with sock:
+        if chunked:
+            sock.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+            for start in range(0, len(body), 1 << 16):
+                piece = body[start : start + (1 << 16)]
+                _send_in_pieces(sock, b"%x\r\n" % len(piece) + piece + b"\r\n")
+            sock.sendall(b"0\r\n\r\n")
+        else:
+            sock.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body))
+            _send_in_pieces(sock, body)
+        return _read_response(sock)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_body_with_its_length_reaches_the_app_whole(loop: str) -> None:
+    # uvicorn alone hands a body over in ~64 KiB pieces, a trip through the loop each
+    app = _BodyRecorder()
+    body = _RNG.integers(0, 256, (2 << 20) + 7, dtype=np.uint8).tobytes()
+    with _Server(loop, app) as server:
+        assert _post(server.port, body) == str(len(body)).encode()
+        assert _post(server.port, b"{}") == b"2"
+    assert app.bodies == [body, b"{}"]
+    assert app.messages == [("http.request", len(body), False), ("http.request", 2, False)]
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_body_without_a_length_or_above_the_bound_comes_in_pieces(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(RenderHttpProtocol, "whole_body_bytes", 1 << 20)
+    app = _BodyRecorder()
+    large = _RNG.integers(0, 256, (1 << 20) + 1, dtype=np.uint8).tobytes()
+    small = large[: 1 << 19]
+    with _Server(loop, app) as server:
+        assert _post(server.port, large) == str(len(large)).encode()
+        assert _post(server.port, small, chunked=True) == str(len(small)).encode()
+        assert _post(server.port, small) == str(len(small)).encode()
+    assert app.bodies == [large, small, small]
+    ends = [i for i, (_, _, more) in enumerate(app.messages) if not more]
+    assert len(ends) == 3 and ends[0] > 0 and ends[1] > ends[0] + 1, app.messages
+    assert ends[2] == ends[1] + 1, "a body within the bound still comes whole"
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_client_leaving_mid_body_is_a_disconnect(loop: str) -> None:
+    app = _BodyRecorder()
+    with _Server(loop, app) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        sock.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n")
+        sock.sendall(b"x" * 300_000)
+        time.sleep(0.2)
+        sock.close()
+        deadline = time.monotonic() + 10
+        while not app.messages and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert app.messages == [("http.disconnect", 0, False)], app.messages
+        assert _post(server.port, b"next") == b"4", "the server serves the next client"
+    assert app.bodies == [b"next"]
