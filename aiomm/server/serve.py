@@ -76,7 +76,8 @@ def serve(
     config: ServerConfig, *, host: str, port: int, workers: int = 1, peer_cache: bool = True
 ) -> int:
     """Serve ``config`` until SIGINT / SIGTERM (in-flight requests are drained); return the exit
-    status (1: a worker failed at the server's start).
+    status (1: a worker failed at the server's start; 3, uvicorn's: the app of a one-process
+    server failed to start).
 
     ``peer_cache``: with several workers and no Redis tier, the workers copy items from each
     other (:mod:`aiomm.peer_cache`) through a private directory made here (on tmpfs where there
