@@ -379,6 +379,16 @@ def test_serve_workers_that_fail_at_start_stop_the_server(tmp_path: Path) -> Non
     assert "worker_failed_at_start" in done.stdout + done.stderr
 
 
+def test_serve_whose_app_fails_at_start_exits_with_uvicorns_status(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("aiomm")
+    done = subprocess.run(
+        [str(exe), "serve", str(tmp_path), "--port", str(free_port())],
+        capture_output=True, text=True, timeout=180, env={**os.environ},
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout[-2000:]
+    assert "Application startup failed" in done.stdout + done.stderr
+
+
 def test_serve_restarts_a_worker_that_dies_while_serving(model_folder: Path) -> None:
     proc, url = _start(model_folder, "--workers", "2", "--cache-gb", "0.25")
     try:
