@@ -214,6 +214,8 @@ def create_app(config: ServerConfig) -> Starlette:
             )
         raw: bytes | bytearray = b""
         async for chunk in request.stream():
+            if not chunk:  # Starlette ends every stream with an empty chunk
+                continue
             if not raw:
                 raw = chunk  # the whole body, as RenderHttpProtocol reads it: no copy
             else:

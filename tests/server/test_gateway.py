@@ -193,6 +193,37 @@ def test_request_errors(gateway: Any, model_folder: Path) -> None:
     assert r.status_code == 400 and "unsupported content part" in r.json()["error"]["message"]
 
 
+def test_bodies_are_parsed_as_they_came_whole_or_in_pieces(
+    gateway: Any, model_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orjson
+
+    import aiomm.server.app
+
+    parsed: list[tuple[type, int]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(orjson, name)
+
+        def loads(self, raw: Any) -> Any:
+            parsed.append((type(raw), len(raw)))
+            return orjson.loads(raw)
+
+    monkeypatch.setattr(aiomm.server.app, "orjson", Recorder())
+    server, _, _ = gateway
+    body = json.dumps({"messages": _messages(_png(9, (300, 200)))}).encode()
+    url = server.url + "/v1/chat/completions/render"
+    whole = httpx.post(url, content=body, headers={"content-type": "application/json"})
+    pieces = [body[i : i + 4096] for i in range(0, len(body), 4096)]
+    chunked = httpx.post(url, content=iter(pieces), headers={"content-type": "application/json"})
+    assert whole.status_code == chunked.status_code == 200, (whole.text[:300], chunked.text[:300])
+    assert whole.json()["token_ids"] == chunked.json()["token_ids"]
+    # a body of known length arrives as one chunk, parsed as it came (no copy); a chunked one is
+    # gathered from its pieces
+    assert parsed == [(bytes, len(body)), (bytearray, len(body))]
+
+
 def test_metrics_and_models(gateway: Any, model_folder: Path) -> None:
     server, _, _ = gateway
     httpx.post(
