@@ -358,8 +358,7 @@ class _Source(io.BytesIO):
 
         def read(size: int | None = -1) -> bytes:
             source = ref()
-            if source is None:
-                raise ValueError("read from a closed image source")
+            assert source is not None  # this function lives on the source itself
             chunk = base(source, size)
             if not chunk and size != 0:
                 source.ran_dry = True
