@@ -650,7 +650,10 @@ def _b64decode(payload: str) -> bytes:
 
 
 def _file_url_path(url: str) -> Path:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. "file://[x/y": an unclosed IPv6 bracket
+        raise InvalidSourceError(f"invalid file URL: {exc}", source=_shown(url)) from exc
     if parts.netloc not in ("", "localhost"):
         raise InvalidSourceError(
             f"file URL names host {parts.netloc!r}; only local files are read", source=_shown(url)

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from aiomm.error_groups import first_error
 from aiomm.errors import AiommError, ProcessingError, UnknownModalityError
 from aiomm.item_cache import CacheOutcome
 from aiomm.processing.fields import MultiModalKwargsItem
@@ -125,7 +126,7 @@ class Pipeline:
                     for i in range(n):
                         tg.start_soon(one, i)
             except BaseExceptionGroup as group:
-                raise _first_error(group) from None
+                raise first_error(group) from None
         for item_timing in item_timings:
             for stage, seconds in item_timing.items():
                 timings[stage] = timings.get(stage, 0.0) + seconds
@@ -229,16 +230,3 @@ class Pipeline:
         raw, content_hash = await self.hash.hash(raw)
         timings["hash"] = time.perf_counter() - t
         return raw, content_hash
-
-
-def _first_error(group: BaseExceptionGroup) -> BaseException:
-    """The first AiommError of a (nested) group, else its first exception: never a group."""
-    leaves = _leaves(group)
-    return next((e for e in leaves if isinstance(e, AiommError)), leaves[0])
-
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out

@@ -38,6 +38,7 @@ from .json_chunks import ChunkedJSONResponse, dumps_chunks
 from .media import VllmDecoder
 from .metrics import ServerMetrics
 from .render import RenderLimits, RenderService, model_float_dtype
+from .request_values import flag
 from .sampling import SamplingDefaults
 from .video_media import video_loader
 
@@ -333,7 +334,7 @@ def create_app(config: ServerConfig) -> Starlette:
             parsed = parse_chat(body)
             ids = s.chat.render(
                 parsed.conversation,
-                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                add_generation_prompt=flag(body, "add_generation_prompt", True),
             )
         elif isinstance(body.get("prompt"), str):
             ids = s.chat.encode(body["prompt"])
@@ -362,7 +363,7 @@ def create_app(config: ServerConfig) -> Starlette:
                 )
             gen = gens[0]
         model = str(body.get("model") or s.service.served_names[0])
-        if body.get("stream"):
+        if gen["stream"]:  # the body's, read as a bool field by generate_request
             return StreamingResponse(
                 s.upstream.stream(gen, chat=chat, model=model), media_type="text/event-stream"
             )
@@ -377,6 +378,10 @@ def create_app(config: ServerConfig) -> Starlette:
     async def models(request: Request) -> Response:
         names = config.served_model_names or (config.model,)
         created = int(time.time())
+        try:
+            max_model_len = state().service.defaults.max_model_len
+        except ApiError as exc:  # before the lifespan ran, or after it: a JSON 503
+            return _json(exc.body(), exc.status)
         return _json(
             {
                 "object": "list",
@@ -388,7 +393,7 @@ def create_app(config: ServerConfig) -> Starlette:
                         "owned_by": "aiomm",
                         "root": config.model,
                         "parent": None,
-                        "max_model_len": state().service.defaults.max_model_len,
+                        "max_model_len": max_model_len,
                     }
                     for n in names
                 ],

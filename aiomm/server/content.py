@@ -54,8 +54,25 @@ def _messages(body: dict[str, Any], key: str = "messages") -> list[Any]:
 def _role(message: Any, i: int) -> str:
     _need(isinstance(message, dict), f"messages[{i}] must be an object", "messages")
     role = message.get("role")
-    _need(role in _ROLES, f"messages[{i}].role must be one of {sorted(_ROLES)}", "messages")
+    _need(
+        isinstance(role, str) and role in _ROLES,
+        f"messages[{i}].role must be one of {sorted(_ROLES)}",
+        "messages",
+    )
     return role  # type: ignore[no-any-return]
+
+
+def _uuid(part: dict[str, Any]) -> str | None:
+    # vLLM takes any JSON value as a part's uuid and hashes with its str() (``123`` -> "123")
+    uuid = part.get("uuid")
+    return uuid if uuid is None or isinstance(uuid, str) else str(uuid)
+
+
+def _text(block: Any, where: str, param: str = "input") -> str:
+    _need(isinstance(block, dict), f"{where} must be an object", param)
+    text = block.get("text")
+    _need(isinstance(text, str), f"{where}.text must be a string", param)
+    return text  # type: ignore[no-any-return]
 
 
 def parse_chat(body: dict[str, Any]) -> Parsed:
@@ -85,9 +102,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
                 spec = part.get(kind)
                 url = spec.get("url") if isinstance(spec, dict) else spec
                 _need(isinstance(url, str) and bool(url), f"{where}.{kind}.url is missing")
-                uuid = part.get("uuid")
-                _need(uuid is None or isinstance(uuid, str), f"{where}.uuid must be a string")
-                (images if kind == "image_url" else videos).append(ImagePart(url, uuid))
+                (images if kind == "image_url" else videos).append(ImagePart(url, _uuid(part)))
                 parts.append({"type": "image" if kind == "image_url" else "video"})
             else:
                 raise ApiError(f"{where}: unsupported content part type {kind!r}", param="messages")
@@ -125,14 +140,14 @@ def parse_responses(body: dict[str, Any]) -> Parsed:
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("input_text", "output_text", "text"):
-                parts.append({"type": "text", "text": str(part.get("text", ""))})
+                parts.append({"type": "text", "text": _text(part, f"input[{i}].content[{j}]")})
             elif kind == "input_image":
                 url = part.get("image_url")
                 _need(
                     isinstance(url, str) and bool(url),
                     f"input[{i}].content[{j}].image_url must be a URL string",
                 )
-                images.append(ImagePart(url, part.get("uuid")))
+                images.append(ImagePart(url, _uuid(part)))
                 parts.append({"type": "image"})
             else:
                 raise ApiError(f"input[{i}].content[{j}]: unsupported type {kind!r}", param="input")
@@ -149,8 +164,11 @@ def parse_anthropic(body: dict[str, Any]) -> Parsed:
     images: list[ImagePart] = []
     system = body.get("system")
     if isinstance(system, list):
-        system = "".join(b.get("text", "") for b in system if isinstance(b, dict))
-    if isinstance(system, str) and system:
+        system = "".join(_text(b, f"system[{k}]", "system") for k, b in enumerate(system))
+    _need(
+        system is None or isinstance(system, str), "'system' must be a string or a list", "system"
+    )
+    if system:
         conversation.append({"role": "system", "content": system})
     for i, message in enumerate(_messages(body)):
         role = _role(message, i)
@@ -162,10 +180,12 @@ def parse_anthropic(body: dict[str, Any]) -> Parsed:
         parts: list[dict[str, Any]] = []
         for j, block in enumerate(content):
             kind = block.get("type") if isinstance(block, dict) else None
+            where = f"messages[{i}].content[{j}]"
             if kind == "text":
-                parts.append({"type": "text", "text": str(block.get("text", ""))})
+                parts.append({"type": "text", "text": _text(block, where, "messages")})
             elif kind == "image":
-                source = block.get("source") or {}
+                source = block.get("source")
+                _need(isinstance(source, dict), f"{where}.source must be an object", "messages")
                 if source.get("type") == "base64":
                     mime = source.get("media_type", "image/jpeg")
                     url = f"data:{mime};base64,{source.get('data', '')}"

@@ -7,9 +7,12 @@ from typing import Any
 from aiomm.errors import (
     AiommError,
     BlockedAddressError,
+    EngineClosedError,
     ImageTooLargeError,
     InvalidRequestError,
+    ItemCountMismatchError,
     MediaError,
+    OverloadedError,
 )
 
 __all__ = ("ApiError", "from_aiomm_error")
@@ -24,9 +27,11 @@ class ApiError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
-        self.type = type or {404: "NotFoundError", 413: "RequestTooLargeError"}.get(
-            status, "BadRequestError" if status < 500 else "InternalServerError"
-        )
+        self.type = type or {
+            404: "NotFoundError",
+            413: "RequestTooLargeError",
+            503: "ServiceUnavailableError",
+        }.get(status, "BadRequestError" if status < 500 else "InternalServerError")
         self.param = param
 
     def body(self) -> dict[str, Any]:
@@ -49,4 +54,10 @@ def from_aiomm_error(exc: AiommError) -> ApiError:
         return ApiError(f"{name}: {exc}", status=400, param="image_url")
     if isinstance(exc, (MediaError, InvalidRequestError)):
         return ApiError(f"{name}: {exc}", status=400)
+    if isinstance(exc, ItemCountMismatchError):
+        # the prompt's placeholders are the client's text (an image token typed in a message)
+        return ApiError(f"{name}: {exc}", status=400, param="messages")
+    if isinstance(exc, (OverloadedError, EngineClosedError)):
+        # not the request's fault and not a bug: a client may retry (the openai client does)
+        return ApiError(f"{name}: {exc}", status=503)
     return ApiError(f"{name}: {exc}", status=500)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import binascii
 import functools
 import io
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,13 @@ import torch
 
 from aiomm.adapters import hf_class_name
 from aiomm.engine import Engine
-from aiomm.errors import AiommError, DecodeError, DownloadTooLargeError, InvalidSourceError
+from aiomm.error_groups import first_error
+from aiomm.errors import (
+    AiommError,
+    DecodeError,
+    DownloadTooLargeError,
+    InvalidSourceError,
+)
 from aiomm.fetch import MediaFetcher
 from aiomm.processing.fields import (
     FieldKind,
@@ -46,8 +53,12 @@ from .json_chunks import PiecesString
 from .kwargs_codec import Field, WireRows, encode_item_pieces
 from .media import VllmDecoder, converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
+from .request_values import flag, lax_int
 from .sampling import SamplingDefaults, derive
 from .video_media import VIDEOS_PER_PROMPT, hash_metadata, video_loader
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = (
     "RenderLimits",
@@ -164,11 +175,13 @@ class RenderService:
     def check_model(self, body: dict[str, Any]) -> str:
         """The served name of the request's model (the first when none is given).
 
-        :raises ApiError: 404 for an unknown model.
+        :raises ApiError: 404 for an unknown model, 400 for a model that is not a string.
         """
         model = body.get("model")
         if model is None:
             return self.served_names[0]
+        if not isinstance(model, str):
+            raise ApiError("'model' must be a string", param="model")
         if model not in self.served_names:
             raise ApiError(f"The model `{model}` does not exist.", status=404, param="model")
         return str(model)
@@ -272,9 +285,12 @@ class RenderService:
                 f"{self.limits.max_videos} per request",
                 param="video_url",
             )
-        template_kwargs = dict(body.get("chat_template_kwargs") or {})
-        add_gen = bool(body.get("add_generation_prompt", True))
-        cont = bool(body.get("continue_final_message", False))
+        template_kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(template_kwargs, dict):
+            raise ApiError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+        template_kwargs = dict(template_kwargs)
+        add_gen = flag(body, "add_generation_prompt", True)
+        cont = flag(body, "continue_final_message", False)
         prompt_ids = self.chat.render(
             parsed.conversation,
             add_generation_prompt=add_gen,
@@ -389,7 +405,7 @@ class RenderService:
                 f"{self.limits.max_video_bytes} bytes",
                 param="video_url",
             )
-        if part.uuid:
+        if part.uuid is not None:  # even "": vLLM keys the item by whatever the client sent
             return part.uuid
         try:
             info = await anyio.to_thread.run_sync(self.decoder.probe_video, data)
@@ -426,16 +442,20 @@ class RenderService:
         async def load(i: int) -> None:
             data[i] = await self._media_bytes(parts[i])
             if i < n_images:
-                hashes[i] = parts[i].uuid or await self._mm_hash(data[i])
+                uuid = parts[i].uuid
+                hashes[i] = uuid if uuid is not None else await self._mm_hash(data[i])
             else:
                 hashes[i] = await self._video_hash(parts[i], data[i])
 
         if n == 1:
             await load(0)
         else:
-            async with anyio.create_task_group() as tg:
-                for i in range(n):
-                    tg.start_soon(load, i)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for i in range(n):
+                        tg.start_soon(load, i)
+            except BaseExceptionGroup as group:  # one bad item is the request's 4xx, not a group
+                raise first_error(group, ApiError) from None
         request = Request(
             prompt_token_ids=prompt_ids,
             images=data[:n_images],
@@ -562,7 +582,10 @@ def generate_request(
 ) -> dict[str, Any]:
     """A ``GenerateRequest`` body for ``/inference/v1/generate`` (``vllm serve --tokens-only``),
     with vLLM 0.33's top-level keys; ``body`` is the client request it renders (stream, cache
-    salt, priority and KV-transfer options come from it)."""
+    salt, priority and KV-transfer options come from it).
+
+    :raises ApiError: the body's ``stream`` or ``priority`` of the wrong type.
+    """
     body = body or {}
     return {
         "request_id": request_id or f"aiomm-{random_hex(8)}",
@@ -577,10 +600,10 @@ def generate_request(
         "return_token_ids": None,
         "output_mode": "tokens",
         "parse_context": parse_context,
-        "stream": bool(body.get("stream", False)),
+        "stream": flag(body, "stream", False),
         "stream_options": body.get("stream_options"),
         "cache_salt": body.get("cache_salt"),
-        "priority": int(body.get("priority", 0) or 0),
+        "priority": 0 if body.get("priority") is None else lax_int(body["priority"], "priority"),
         "kv_transfer_params": body.get("kv_transfer_params"),
         "ec_transfer_params": None,
     }

@@ -3,16 +3,20 @@
 Defaults come from the model folder's ``generation_config.json`` (temperature, top_p, top_k,
 repetition_penalty, ...), overridden by the request. ``max_tokens`` defaults to the model's
 context length minus the prompt; vLLM's serialiser omits it when it equals its own default, 16.
-Stop strings set ``output_text_buffer_length`` to the longest one's length minus one.
+Stop strings set ``output_text_buffer_length`` to the longest one's length minus one. A
+``max_tokens`` above the model's context is refused, one above what the prompt leaves lowered to
+it (vLLM's ``get_max_tokens``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from .errors import ApiError
+from .request_values import flag, lax_float, lax_int
 
 __all__ = ("SamplingDefaults", "derive")
 
@@ -44,13 +48,17 @@ class SamplingDefaults:
         return cls({k: gen[k] for k in _FROM_GENERATION_CONFIG if k in gen}, max_len)
 
 
-def _number(body: dict[str, Any], key: str, default: Any) -> Any:
+def _float(
+    body: dict[str, Any], key: str, default: float, lo: float, hi: float, *, open_lo: bool = False
+) -> float:
+    """``body[key]`` (``default`` when absent) in ``[lo, hi]``, or ``(lo, hi]`` with
+    ``open_lo``."""
     value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ApiError(f"'{key}' must be a number", param=key)
-    return value
+    number = float(default if value is None else lax_float(value, key))
+    if not (lo < number if open_lo else lo <= number) or number > hi:
+        shown = f"{'(' if open_lo else '['}{lo:g}, {hi:g}]"
+        raise ApiError(f"{key} must be in {shown}, got {number}", param=key)
+    return number
 
 
 def derive(
@@ -61,9 +69,12 @@ def derive(
     max_tokens_key: tuple[str, ...] = ("max_completion_tokens", "max_tokens"),
     extra_args: bool = False,
 ) -> dict[str, Any]:
-    """The ``sampling_params`` object of a render response.
+    """The ``sampling_params`` object of a render response, validated as vLLM validates them
+    (types as :mod:`.request_values` reads them, vLLM's ranges); a ``max_tokens`` above what
+    the context leaves after the prompt is lowered to it, as vLLM does.
 
-    :raises ApiError: a parameter of the wrong type, or a prompt longer than the context.
+    :raises ApiError: a parameter of the wrong type or out of range, or a prompt longer than
+        the context.
     """
     if prompt_len >= defaults.max_model_len:
         raise ApiError(
@@ -71,40 +82,53 @@ def derive(
         )
     d = defaults.values
     out: dict[str, Any] = {
-        "presence_penalty": float(_number(body, "presence_penalty", 0.0)),
-        "frequency_penalty": float(_number(body, "frequency_penalty", 0.0)),
-        "repetition_penalty": float(
-            _number(body, "repetition_penalty", d.get("repetition_penalty", 1.0))
+        "presence_penalty": _float(body, "presence_penalty", 0.0, -2.0, 2.0),
+        "frequency_penalty": _float(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "repetition_penalty": _float(
+            body,
+            "repetition_penalty",
+            d.get("repetition_penalty", 1.0),
+            0.0,
+            math.inf,
+            open_lo=True,
         ),
-        "temperature": float(_number(body, "temperature", d.get("temperature", 1.0))),
-        "top_p": float(_number(body, "top_p", d.get("top_p", 1.0))),
+        "temperature": _float(body, "temperature", d.get("temperature", 1.0), 0.0, 2.0),
+        "top_p": _float(body, "top_p", d.get("top_p", 1.0), 0.0, 1.0, open_lo=True),
     }
-    top_k = int(_number(body, "top_k", d.get("top_k", 0)))
+    top_k = body.get("top_k")
+    top_k = int(d.get("top_k", 0)) if top_k is None else lax_int(top_k, "top_k", lo=-1)
     if top_k != 0:  # vLLM leaves out a top_k of 0 (seen with no generation_config.json)
         out["top_k"] = top_k
-    out["min_p"] = float(_number(body, "min_p", d.get("min_p", 0.0)))
-    seed = _number(body, "seed", None)
-    if seed is not None:
-        out["seed"] = int(seed)
+    out["min_p"] = _float(body, "min_p", d.get("min_p", 0.0), 0.0, 1.0)
+    if body.get("seed") is not None:
+        out["seed"] = lax_int(body["seed"], "seed")
     stop = body.get("stop") or body.get("stop_sequences") or []
     if isinstance(stop, str):
         stop = [stop]
     if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise ApiError("'stop' must be a string or a list of strings", param="stop")
     out["stop"] = stop
-    out["stop_token_ids"] = list(body.get("stop_token_ids") or [])
-    max_tokens = None
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list):
+        raise ApiError("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    out["stop_token_ids"] = [lax_int(t, "stop_token_ids") for t in stop_ids]
+    room = defaults.max_model_len - prompt_len
+    max_tokens = room
     for key in max_tokens_key:
-        max_tokens = _number(body, key, None)
-        if max_tokens is not None:
+        if body.get(key) is not None:
+            asked = lax_int(body[key], key)
+            if asked > defaults.max_model_len:
+                raise ApiError(
+                    f"{key}={asked} cannot be greater than max_model_len={defaults.max_model_len}",
+                    param=key,
+                )
+            if asked < 1:
+                raise ApiError(f"{key} must be at least 1, got {asked}", param=key)
+            max_tokens = min(asked, room)
             break
-    if max_tokens is None:
-        max_tokens = defaults.max_model_len - prompt_len
-    if int(max_tokens) < 1:
-        raise ApiError("max_tokens must be at least 1", param="max_tokens")
-    if int(max_tokens) != _VLLM_DEFAULT_MAX_TOKENS:
-        out["max_tokens"] = int(max_tokens)
-    out["output_kind"] = 2
+    if max_tokens != _VLLM_DEFAULT_MAX_TOKENS:
+        out["max_tokens"] = max_tokens
+    out["output_kind"] = 1 if flag(body, "stream", False) else 2  # DELTA or FINAL_ONLY
     out["skip_clone"] = True
     buffer = max((len(s) for s in stop), default=1) - 1
     if buffer > 0:

@@ -395,6 +395,8 @@ async def test_local_file_errors(ok_png: bytes, root: Path) -> None:
         await fetch(str(root / "sub" / "a.png"), config)
     with pytest.raises(InvalidSourceError, match="names host"):
         await fetch("file://otherhost/sub/a.png", config)
+    with pytest.raises(InvalidSourceError, match="invalid file URL"):
+        await fetch("file://[x/sub/a.png", config)  # an unclosed IPv6 bracket
 
 
 @pytest.mark.parametrize("swapped", ["sub/a.png", "sub"])

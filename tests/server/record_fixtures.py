@@ -8,7 +8,8 @@ the processor cache off, so every item's flat-field slices come from its own req
     python tests/server/record_fixtures.py --url http://127.0.0.1:18115
 
 The recorded fixtures came from vLLM 0.33.0 (the ``shared/vllm_probe`` environment) on
-2026-12-01.
+2026-12-01; the request-field cases (``chat_lax_values``, ``chat_max_tokens_above_the_room`` and
+the ``error_*`` cases after ``error_unknown_model``) on 2026-12-03, from the same server.
 
 Each case is written as ``fixtures/<case>.json``: ``{"path", "body", "status", "response"}``.
 Images are small and seeded, embedded in the bodies as data URLs (the bytes the hashes cover).
@@ -354,6 +355,46 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
         "error_unknown_model": (
             "/v1/chat/completions/render",
             {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+        ),
+        # request fields as vLLM's pydantic models read them (lax mode), and what they refuse
+        "chat_max_tokens_above_the_room": chat([user(text)], max_tokens=32767),
+        "chat_lax_values": chat(
+            [user(text, part("jpeg", uuid=123))],
+            mm_payload="none",  # hashes and placeholders: the tensors are the other cases'
+            max_tokens="7",
+            seed=3.0,
+            top_k="3",
+            stop_token_ids=[3.0, "5", True],
+            priority="5",
+            add_generation_prompt="no",
+            stream="yes",
+        ),
+        "error_one_of_two_images_bad": chat(
+            [
+                user(
+                    text,
+                    part("jpeg"),
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}},
+                )
+            ]
+        ),
+        "error_max_tokens_above_context": chat([user(text)], max_completion_tokens=40000),
+        "error_seed_out_of_range": chat([user(text)], seed=2**63),
+        "error_top_p_out_of_range": chat([user(text)], top_p=2.0),
+        "error_stop_token_ids_not_a_list": chat([user(text)], stop_token_ids=5),
+        "error_chat_template_kwargs_not_an_object": chat([user(text)], chat_template_kwargs="x"),
+        "error_role_not_a_string": chat([{"role": ["user"], "content": "hi"}]),
+        "error_model_not_a_string": chat([user(text)], model=["x"]),
+        "error_file_url_malformed": chat(
+            [user(text, {"type": "image_url", "image_url": {"url": "file://[x/y"}})]
+        ),
+        "error_anthropic_source_not_an_object": (
+            "/v1/messages/render",
+            {
+                "model": model,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": [{"type": "image", "source": "abc"}]}],
+            },
         ),
     }
     return out

@@ -97,6 +97,10 @@ def validate(body: Any, *, image_token_id: int = IMAGE_PAD, runs: bool = True) -
             errors.append(f"sampling param {key} has type {type(value).__name__}")
     if sp.get("max_tokens", 16) + len(ids) > 32768:
         errors.append("max_tokens + prompt above the context")
+    if sp.get("output_kind") != (1 if body.get("stream") else 2):
+        # vLLM streams what output_kind asks for: FINAL_ONLY (2) would stream one last chunk
+        # where the gateway reads deltas (1)
+        errors.append(f"output_kind {sp.get('output_kind')} for stream={body.get('stream')}")
     feats = body.get("features")
     if isinstance(feats, dict):
         errors.extend(_validate_features(feats, ids, image_token_id, runs))

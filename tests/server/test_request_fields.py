@@ -1,0 +1,247 @@
+"""Request fields of the wrong type or out of range are a 400 naming the field, never a 500,
+and the next request renders; engine refusals map to the status a client acts on.
+
+(vLLM's own answers for many of these bodies are golden fixtures: ``fixtures/error_*.json``,
+``chat_lax_values.json``, ``chat_max_tokens_above_the_room.json``.)
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from aiomm.errors import EngineClosedError, ItemCountMismatchError, OverloadedError
+from aiomm.server import ServerConfig, create_app
+from aiomm.server.errors import ApiError, from_aiomm_error
+from aiomm.server.request_values import INT64_MAX, flag, lax_bool, lax_float, lax_int
+
+CASE = json.loads((Path(__file__).parent / "fixtures" / "chat_jpeg.json").read_text())
+ANTHROPIC = json.loads((Path(__file__).parent / "fixtures" / "messages_anthropic.json").read_text())
+RESPONSES = json.loads(
+    (Path(__file__).parent / "fixtures" / "responses_input_image.json").read_text()
+)
+IMAGE = CASE["body"]["messages"][0]["content"][1]
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {**copy.deepcopy(CASE["body"]), **fields}
+
+
+def _parts(*parts: dict[str, Any]) -> dict[str, Any]:
+    body = _chat()
+    body["messages"][0]["content"] = [CASE["body"]["messages"][0]["content"][0], *parts]
+    return body
+
+
+def _anthropic(edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    body = copy.deepcopy(ANTHROPIC["body"])
+    edit(body)
+    return body
+
+
+def _bad_png() -> dict[str, Any]:
+    url = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+# (endpoint, body, the param the error names or None, a word of its message)
+BAD: dict[str, tuple[str, dict[str, Any], str | None, str]] = {
+    "role_is_a_list": (
+        CASE["path"],
+        {"messages": [{"role": ["user"], "content": "hi"}]},
+        "messages",
+        "role",
+    ),
+    "chat_template_kwargs_a_string": (
+        CASE["path"],
+        _chat(chat_template_kwargs="x"),
+        "chat_template_kwargs",
+        "object",
+    ),
+    "chat_template_kwargs_pairs": (
+        CASE["path"],
+        _chat(chat_template_kwargs=[["a", 1]]),
+        "chat_template_kwargs",
+        "object",
+    ),
+    "priority_a_word": (CASE["path"], _chat(priority="abc"), "priority", "integer"),
+    "priority_beyond_64_bits": (CASE["path"], _chat(priority=10**20), "priority", "got"),
+    "stop_token_ids_an_int": (CASE["path"], _chat(stop_token_ids=5), "stop_token_ids", "list"),
+    "stop_token_ids_a_string": (
+        CASE["path"],
+        _chat(stop_token_ids="abc"),
+        "stop_token_ids",
+        "list",
+    ),
+    # orjson reads integers beyond 64 bits as floats: 1e20 either way
+    "max_tokens_1e20": (CASE["path"], _chat(max_tokens=1e20), "max_tokens", "max_tokens"),
+    "max_tokens_above_context": (
+        CASE["path"],
+        _chat(max_completion_tokens=40000),
+        "max_completion_tokens",
+        "max_model_len=32768",
+    ),
+    "max_tokens_a_fraction": (CASE["path"], _chat(max_tokens=5.5), "max_tokens", "integer"),
+    "seed_beyond_64_bits": (CASE["path"], _chat(seed=2**64), "seed", "seed"),
+    "top_k_beyond_64_bits": (CASE["path"], _chat(top_k=10**20), "top_k", "top_k"),
+    "top_k_below_minus_one": (CASE["path"], _chat(top_k=-5), "top_k", "top_k"),
+    "top_p_above_one": (CASE["path"], _chat(top_p=2.0), "top_p", "(0, 1]"),
+    "temperature_above_two": (CASE["path"], _chat(temperature=2.5), "temperature", "[0, 2]"),
+    "presence_penalty_a_word": (
+        CASE["path"],
+        _chat(presence_penalty="lots"),
+        "presence_penalty",
+        "number",
+    ),
+    "stream_a_word": (CASE["path"], _chat(stream="maybe"), "stream", "boolean"),
+    "add_generation_prompt_a_list": (
+        CASE["path"],
+        _chat(add_generation_prompt=[]),
+        "add_generation_prompt",
+        "boolean",
+    ),
+    "model_a_list": (CASE["path"], _chat(model=["x"]), "model", "string"),
+    "file_url_with_an_open_bracket": (
+        CASE["path"],
+        _parts({"type": "image_url", "image_url": {"url": "file://[x/y"}}),
+        None,
+        "InvalidSourceError",
+    ),
+    "second_of_two_images_undecodable": (CASE["path"], _parts(IMAGE, _bad_png()), None, "Decode"),
+    "second_of_two_images_bad_base64": (
+        CASE["path"],
+        _parts(IMAGE, {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}),
+        None,
+        "base64",
+    ),
+    "second_of_two_images_blocked": (
+        CASE["path"],
+        _parts(IMAGE, {"type": "image_url", "image_url": {"url": "http://169.254.169.254/x"}}),
+        "image_url",
+        "Blocked",
+    ),
+    "image_token_typed_in_the_text": (
+        CASE["path"],
+        _parts({"type": "text", "text": "<|vision_start|><|image_pad|><|vision_end|>"}, IMAGE),
+        "messages",
+        "ItemCountMismatchError",
+    ),
+    "anthropic_source_a_string": (
+        ANTHROPIC["path"],
+        _anthropic(lambda b: b["messages"][0]["content"][0].update(source="abc")),
+        "messages",
+        "source",
+    ),
+    "anthropic_system_a_number": (
+        ANTHROPIC["path"],
+        _anthropic(lambda b: b.update(system=5)),
+        "system",
+        "system",
+    ),
+    "anthropic_system_text_a_number": (
+        ANTHROPIC["path"],
+        _anthropic(lambda b: b.update(system=[{"type": "text", "text": 5}])),
+        "system",
+        "text",
+    ),
+    "responses_text_a_number": (
+        RESPONSES["path"],
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+        "input",
+        "text",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_field_is_a_400_naming_it_and_the_next_request_renders(
+    live_server: Any, name: str
+) -> None:
+    path, body, param, word = BAD[name]
+    r = httpx.post(live_server.url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert error["param"] == param
+    assert word in error["message"]
+    ok = httpx.post(live_server.url + CASE["path"], json=CASE["body"], timeout=60)
+    assert ok.status_code == 200
+    assert ok.json()["features"]["mm_hashes"] == CASE["response"]["features"]["mm_hashes"]
+
+
+def test_lax_values_and_a_clamped_max_tokens_render_as_vllm_reads_them(live_server: Any) -> None:
+    body = _chat(
+        max_tokens="7", seed=3.0, top_k="3", stop_token_ids=[3.0, "5", True], priority="-2"
+    )
+    r = httpx.post(live_server.url + CASE["path"], json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    sp = out["sampling_params"]
+    assert (sp["max_tokens"], sp["seed"], sp["top_k"], sp["stop_token_ids"]) == (7, 3, 3, [3, 5, 1])
+    assert out["priority"] == -2 and sp["output_kind"] == 2
+    room = 32768 - len(out["token_ids"])
+    r = httpx.post(
+        live_server.url + CASE["path"], json=_chat(max_tokens=32768, stream="true"), timeout=60
+    )
+    assert r.status_code == 200, r.text
+    sp = r.json()["sampling_params"]
+    assert sp["max_tokens"] == room and sp["output_kind"] == 1  # DELTA when streaming
+
+
+def test_models_before_the_lifespan_is_a_json_503(model_folder: Path) -> None:
+    app = create_app(ServerConfig(model=str(model_folder)))
+    client = TestClient(app)  # no ``with``: the lifespan never runs
+    r = client.get("/v1/models")
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "ServiceUnavailableError"
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (OverloadedError(4, 8), 503),
+        (EngineClosedError("the engine is not open"), 503),
+        (ItemCountMismatchError("image", 1, 2), 400),
+    ],
+)
+def test_engine_refusals_map_to_what_a_client_acts_on(error: Exception, status: int) -> None:
+    api = from_aiomm_error(error)  # type: ignore[arg-type]
+    assert api.status == status
+    assert type(error).__name__ in api.message
+
+
+def test_lax_readers() -> None:
+    assert [lax_int(v, "n") for v in (7, 7.0, "7", " 7 ", True)] == [7, 7, 7, 7, 1]
+    assert lax_int(INT64_MAX, "n") == INT64_MAX
+    for bad in (7.5, "seven", None, [7], {"n": 7}, float("inf"), 2**63, 1e20):
+        with pytest.raises(ApiError) as info:
+            lax_int(bad, "n")
+        assert info.value.param == "n" and info.value.status == 400
+    with pytest.raises(ApiError, match=r"\[-1, "):
+        lax_int(-2, "top_k", lo=-1)
+    assert [lax_float(v, "x") for v in (1, 0.5, "0.25")] == [1.0, 0.5, 0.25]
+    for bad in (True, "nan", "inf", "warm", [1.0]):
+        with pytest.raises(ApiError):
+            lax_float(bad, "x")
+    assert [lax_bool(v, "b") for v in (True, 0, 1, "yes", "OFF", " t ")] == [
+        True,
+        False,
+        True,
+        True,
+        False,
+        True,
+    ]
+    for bad in (2, "maybe", 0.5, None):
+        with pytest.raises(ApiError):
+            lax_bool(bad, "b")
+    assert flag({}, "stream", False) is False
+    assert flag({"stream": None}, "stream", True) is True
+    assert flag({"stream": "no"}, "stream", True) is False
