@@ -33,7 +33,7 @@ from aiomm.logging import get_logger
 
 from .content import parse_anthropic, parse_chat, parse_responses
 from .errors import ApiError
-from .gateway import Upstream
+from .gateway import Upstream, refuse_unanswerable
 from .json_chunks import ChunkedJSONResponse, dumps_chunks
 from .media import VllmDecoder
 from .metrics import ServerMetrics
@@ -303,26 +303,19 @@ def create_app(config: ServerConfig) -> Starlette:
         return rendered.response
 
     async def chat_render(request: Request, body: dict[str, Any]) -> Response:
-        return _render_json(
-            await _render(body, parse_chat, id_prefix="chatcmpl-", with_parse_context="none")
-        )
+        return _render_json(await _render(body, parse_chat, api="chat"))
 
     async def responses_render(request: Request, body: dict[str, Any]) -> Response:
         return _render_json(
             await _render(
                 body,
                 parse_responses,
-                id_prefix="resp_",
-                with_parse_context=None,
-                extra_args=True,
-                max_tokens_key=("max_output_tokens",),
+                api="responses",
             )
         )
 
     async def messages_render(request: Request, body: dict[str, Any]) -> Response:
-        return _render_json(
-            await _render(body, parse_anthropic, id_prefix="chatcmpl-", with_parse_context="null")
-        )
+        return _render_json(await _render(body, parse_anthropic, api="messages"))
 
     async def completions_render(request: Request, body: dict[str, Any]) -> Response:
         return _json(state().service.render_text(body))
@@ -354,7 +347,7 @@ def create_app(config: ServerConfig) -> Starlette:
         if s.upstream is None:
             raise ApiError("this server has no --upstream; use the /render endpoints", status=404)
         if chat:
-            gen = await _render(body, parse_chat, id_prefix="chatcmpl-", with_parse_context="none")
+            gen = await _render(body, parse_chat, api="chat")
         else:
             gens = s.service.render_text(body)
             if len(gens) != 1:
@@ -362,6 +355,7 @@ def create_app(config: ServerConfig) -> Starlette:
                     "the gateway takes one prompt per completion request", param="prompt"
                 )
             gen = gens[0]
+        refuse_unanswerable(gen)
         model = str(body.get("model") or s.service.served_names[0])
         if gen["stream"]:  # the body's, read as a bool field by generate_request
             return StreamingResponse(

@@ -122,8 +122,14 @@ def parse_responses(body: dict[str, Any]) -> Parsed:
     )
     conversation: list[dict[str, Any]] = []
     images: list[ImagePart] = []
-    if isinstance(body.get("instructions"), str):
-        conversation.append({"role": "system", "content": body["instructions"]})
+    instructions = body.get("instructions")
+    _need(
+        instructions is None or isinstance(instructions, str),
+        "'instructions' must be a string",
+        "instructions",
+    )
+    if instructions is not None:
+        conversation.append({"role": "system", "content": instructions})
     raw = body.get("input")
     if isinstance(raw, str):
         conversation.append({"role": "user", "content": raw})

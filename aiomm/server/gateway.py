@@ -3,7 +3,9 @@
 
 Generated token ids are detokenized with the model's tokenizer (incrementally when streaming, a
 chunk's text being what the growing decode added). Cancelling the caller closes the upstream
-connection, which makes vLLM abort the request.
+connection, which makes vLLM abort the request. One choice per request and no log
+probabilities: a request asking for more (``n``, ``logprobs``, ``echo``) is refused rather than
+answered with less; ``skip_special_tokens`` and ``stream_options.include_usage`` are honoured.
 """
 
 from __future__ import annotations
@@ -18,7 +20,27 @@ import orjson
 from .errors import ApiError
 from .json_chunks import dumps as dumps_json
 
-__all__ = ("Upstream",)
+__all__ = ("Upstream", "refuse_unanswerable")
+
+#: sampling params the gateway's answers cannot carry
+_UNANSWERABLE = {
+    "n": "one choice per request",
+    "logprobs": "no log probabilities",
+    "prompt_logprobs": "no prompt log probabilities",
+}
+
+
+def refuse_unanswerable(gen: dict[str, Any]) -> None:
+    """Refuse a rendered request whose answer the gateway would give short.
+
+    :raises ApiError: 400 naming the parameter.
+    """
+    for key, why in _UNANSWERABLE.items():
+        if key in gen["sampling_params"]:
+            param = "echo" if key == "prompt_logprobs" else key
+            raise ApiError(
+                f"'{param}' is not supported by the gateway: it answers {why}", param=param
+            )
 
 
 class Upstream:
@@ -34,8 +56,9 @@ class Upstream:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+    def _decode(self, ids: list[int], gen: dict[str, Any]) -> str:
+        skip = gen["sampling_params"].get("skip_special_tokens", True)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip))
 
     @staticmethod
     def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -70,7 +93,7 @@ class Upstream:
             ids = list(choice.get("token_ids") or [])
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
             raise ApiError("upstream answered malformed JSON", status=502) from exc
-        text = self._decode(ids)
+        text = self._decode(ids, gen)
         finish = choice.get("finish_reason") or "stop"
         created = int(time.time())
         rid = gen["request_id"]
@@ -159,7 +182,7 @@ class Upstream:
                     chunk = orjson.loads(payload)
                     choice = chunk["choices"][0]
                     ids.extend(choice.get("token_ids") or [])
-                    text = self._decode(ids)
+                    text = self._decode(ids, gen)
                     # hold back a trailing replacement char: a multi-byte character is unfinished
                     stable = text[:-1] if text.endswith("\ufffd") else text
                     delta, sent = stable[len(sent) :], stable if stable.startswith(sent) else sent
@@ -171,4 +194,15 @@ class Upstream:
         except (httpx.HTTPError, orjson.JSONDecodeError, KeyError, IndexError) as exc:
             err = ApiError(f"upstream stream failed: {type(exc).__name__}", status=502)
             yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
+        else:
+            if (gen.get("stream_options") or {}).get("include_usage"):
+                usage = {
+                    "id": rid,
+                    "object": kind,
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": self._usage(len(gen["token_ids"]), len(ids)),
+                }
+                yield b"data: " + orjson.dumps(usage) + b"\n\n"
         yield b"data: [DONE]\n\n"

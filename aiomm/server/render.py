@@ -53,7 +53,7 @@ from .json_chunks import PiecesString
 from .kwargs_codec import Field, WireRows, encode_item_pieces
 from .media import VllmDecoder, converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
-from .request_values import flag, lax_int
+from .request_values import flag, lax_bool, lax_int
 from .sampling import SamplingDefaults, derive
 from .video_media import VIDEOS_PER_PROMPT, hash_metadata, video_loader
 
@@ -242,16 +242,15 @@ class RenderService:
         parsed: Parsed,
         body: dict[str, Any],
         *,
-        id_prefix: str,
-        with_parse_context: str | None,
-        extra_args: bool = False,
-        max_tokens_key: tuple[str, ...] = ("max_completion_tokens", "max_tokens"),
+        api: str = "chat",
     ) -> Rendered:
-        """Render a parsed chat-like request.
+        """Render a parsed request to ``api``: ``"chat"``, ``"responses"`` or ``"messages"``
+        (Anthropic).
 
         :raises ApiError: a 4xx for the client's mistakes, 5xx for ours.
         """
         model = self.check_model(body)
+        refuse_unreproduced(body)
         payload = body.get("mm_payload", "tensors")
         if body.get("return_mm_kwargs") is False:
             payload = "none"
@@ -288,15 +287,23 @@ class RenderService:
         template_kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(template_kwargs, dict):
             raise ApiError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
-        template_kwargs = dict(template_kwargs)
         add_gen = flag(body, "add_generation_prompt", True)
         cont = flag(body, "continue_final_message", False)
+        template_kwargs = {**template_kwargs, **_template_extras(body, template_kwargs)}
         prompt_ids = self.chat.render(
             parsed.conversation,
             add_generation_prompt=add_gen,
             continue_final_message=cont,
             kwargs=template_kwargs,
         )
+        if body.get("truncate_prompt_tokens") is not None:
+            if parsed.images or parsed.videos:
+                raise ApiError(
+                    "'truncate_prompt_tokens' is not supported with images or videos: vLLM cuts "
+                    "the prompt before its placeholders are expanded",
+                    param="truncate_prompt_tokens",
+                )
+            prompt_ids = truncated(prompt_ids, body, self.defaults.max_model_len)
         features = None
         cache_hits = 0
         timings: dict[str, float] = {}
@@ -312,18 +319,13 @@ class RenderService:
                     status=408,
                     type="TimeoutError",
                 ) from None
-        sampling = derive(
-            body,
-            self.defaults,
-            len(prompt_ids),
-            extra_args=extra_args,
-            max_tokens_key=max_tokens_key,
-        )
+        sampling = derive(body, self.defaults, len(prompt_ids), api=api)
+        id_prefix, tool_choice = _APIS[api]
         parse_context = None
-        if with_parse_context is not None:
+        if tool_choice is not None:
             parse_context = {
                 "tools": None,
-                "tool_choice": with_parse_context if with_parse_context != "null" else None,
+                "tool_choice": tool_choice or None,
                 "parallel_tool_calls": True,
                 "include_reasoning": True,
                 "chat_template_kwargs": {
@@ -334,10 +336,14 @@ class RenderService:
                 },
                 "history_tool_call_cnt": 0,
             }
+        response = self._generate_request(
+            id_prefix, prompt_ids, features, sampling, model, body, parse_context
+        )
+        if api == "messages" and response["stream"]:
+            # vLLM's Anthropic endpoint streams with usage in every event
+            response["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         return Rendered(
-            self._generate_request(
-                id_prefix, prompt_ids, features, sampling, model, body, parse_context
-            ),
+            response,
             len(parsed.images) + len(parsed.videos),
             cache_hits,
             timings,
@@ -349,29 +355,14 @@ class RenderService:
         :raises ApiError: a missing or malformed prompt, or an unknown model.
         """
         model = self.check_model(body)
-        prompt = body.get("prompt")
-        prompts: list[Any]
-        if isinstance(prompt, str) or (
-            isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)
-        ):
-            prompts = [prompt]
-        elif isinstance(prompt, list) and prompt:
-            prompts = list(prompt)
-        else:
-            raise ApiError(
-                "'prompt' must be a string, a list of strings or token ids", param="prompt"
-            )
+        refuse_unreproduced(body)
         out = []
-        for p in prompts:
-            if isinstance(p, str):
-                ids = self.chat.encode(p)
-            elif isinstance(p, list) and all(isinstance(t, int) for t in p):
-                ids = list(p)
-            else:
-                raise ApiError(
-                    "each prompt must be a string or a list of token ids", param="prompt"
-                )
-            sampling = derive(body, self.defaults, len(ids), max_tokens_key=("max_tokens",))
+        for p in _prompts(body.get("prompt")):
+            ids = self.chat.encode(p) if isinstance(p, str) else p
+            ids = truncated(ids, body, self.defaults.max_model_len)
+            if not ids:
+                raise ApiError("a prompt rendered no token ids", param="prompt")
+            sampling = derive(body, self.defaults, len(ids), api="completion")
             out.append(self._generate_request("cmpl-", ids, None, sampling, model, body, None))
         return out
 
@@ -390,7 +381,7 @@ class RenderService:
             features,
             model=model,
             sampling_params=sampling,
-            request_id=f"{id_prefix}{random_hex(8)}",
+            request_id=f"{id_prefix}{_client_request_id(body) or random_hex(8)}",
             parse_context=parse_context,
             body=body,
         )
@@ -494,6 +485,131 @@ class RenderService:
         return feats, result.prompt_token_ids, hits, result.timings
 
 
+#: per API: the request id's prefix, and the parse context's ``tool_choice`` ("" for null;
+#: None: no parse context)
+_APIS: dict[str, tuple[str, str | None]] = {
+    "chat": ("chatcmpl-", "none"),
+    "messages": ("chatcmpl-", ""),
+    "responses": ("resp_", None),
+}
+#: request fields that change vLLM's rendering in ways aiomm does not reproduce, with the value
+#: that leaves them out, and why
+_UNREPRODUCED: dict[str, tuple[Any, str]] = {
+    "tools": (None, "tool definitions are not rendered into the prompt"),
+    "chat_template": (
+        None,
+        "a request's own chat template is refused (as vLLM refuses it "
+        "without --trust-request-chat-template)",
+    ),
+    "mm_processor_kwargs": (
+        None,
+        "per-request processor kwargs are refused (as vLLM refuses them by default)",
+    ),
+    "use_beam_search": (False, "Beam search is not supported by the render endpoint"),
+    "structured_outputs": (None, "structured outputs are not rendered"),
+    "logprob_token_ids": (None, "logprob_token_ids are not rendered"),
+    "suffix": (None, "fill-in-the-middle completions are not rendered"),
+    "prompt_embeds": (None, "prompt embeddings are not taken"),
+}
+_REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
+
+
+def refuse_unreproduced(body: Mapping[str, Any]) -> None:
+    """Refuse a request that sets a field whose effect on vLLM's response aiomm does not
+    reproduce: a 400 naming it, never a response that silently differs from vLLM's.
+
+    :raises ApiError: 400 naming the field.
+    """
+    for key, (unset, why) in _UNREPRODUCED.items():
+        value = body.get(key)
+        if value is not None and value != unset and value != []:
+            raise ApiError(f"'{key}' is not supported: {why}", param=key)
+    response_format = body.get("response_format")
+    if response_format is not None and (
+        not isinstance(response_format, dict) or response_format.get("type") != "text"
+    ):
+        raise ApiError(
+            "'response_format' other than text is not supported: structured outputs are not "
+            "rendered",
+            param="response_format",
+        )
+
+
+def truncated(ids: list[int], body: Mapping[str, Any], max_model_len: int) -> list[int]:
+    """``ids`` cut to the request's ``truncate_prompt_tokens`` as vLLM cuts a prompt: its last
+    tokens kept (``truncation_side: "right"``: its first), ``-1`` the most the context takes
+    with room for one output token.
+
+    :raises ApiError: a size above the context, or a cut that leaves no token.
+    """
+    limit = body.get("truncate_prompt_tokens")
+    if limit is None:
+        return ids
+    limit = lax_int(limit, "truncate_prompt_tokens", lo=-1)
+    if limit > max_model_len:
+        raise ApiError(
+            f"truncate_prompt_tokens={limit} cannot be greater than max_model_len={max_model_len}",
+            param="truncate_prompt_tokens",
+        )
+    if limit == -1:
+        limit = max_model_len - 1
+    side = body.get("truncation_side") or "left"
+    if side not in ("left", "right"):
+        raise ApiError("'truncation_side' must be 'left' or 'right'", param="truncation_side")
+    if limit == 0:
+        raise ApiError("No token_ids rendered", param="truncate_prompt_tokens")  # vLLM's words
+    if len(ids) <= limit:
+        return ids
+    return ids[-limit:] if side == "left" else ids[:limit]
+
+
+def _template_extras(body: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """What vLLM adds to a request's chat-template kwargs: ``documents``, ``reasoning_effort``
+    and, with an effort, ``enable_thinking`` unless the request set it."""
+    extras: dict[str, Any] = {}
+    documents = body.get("documents")
+    if documents is not None:
+        if not isinstance(documents, list):
+            raise ApiError("'documents' must be a list", param="documents")
+        extras["documents"] = documents
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in _REASONING_EFFORTS:
+            raise ApiError(
+                f"'reasoning_effort' must be one of {sorted(_REASONING_EFFORTS)}",
+                param="reasoning_effort",
+            )
+        extras["reasoning_effort"] = effort
+        if "enable_thinking" not in user:
+            extras["enable_thinking"] = effort != "none"
+    return extras
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """A completion request's prompts: a string, token ids, or a list of either.
+
+    :raises ApiError: any other shape, an empty one, or a token id below 0.
+    """
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError("'prompt' must be non-empty", param="prompt")
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise ApiError("'prompt' must be a string, a list of strings or token ids", param="prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, list) for p in prompt):
+        return [[lax_int(t, "prompt", lo=0) for t in p] for p in prompt]
+    return [[lax_int(t, "prompt", lo=0) for t in prompt]]
+
+
+def _client_request_id(body: Mapping[str, Any]) -> str | None:
+    rid = body.get("request_id")
+    if rid is not None and not isinstance(rid, str):
+        raise ApiError("'request_id' must be a string", param="request_id")
+    return rid or None
+
+
 def _widen_ranges(
     ranges: list[dict[str, int]], ids: Sequence[int], around: tuple[int, int]
 ) -> None:
@@ -587,6 +703,14 @@ def generate_request(
     :raises ApiError: the body's ``stream`` or ``priority`` of the wrong type.
     """
     body = body or {}
+    stream = flag(body, "stream", False)
+    salt = body.get("cache_salt")
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise ApiError("'cache_salt' must be a non-empty string if given", param="cache_salt")
+    kv_params = body.get("kv_transfer_params")
+    if kv_params is not None and not isinstance(kv_params, dict):
+        raise ApiError("'kv_transfer_params' must be an object", param="kv_transfer_params")
+    return_ids = body.get("return_token_ids")
     return {
         "request_id": request_id or f"aiomm-{random_hex(8)}",
         "token_ids": token_ids,
@@ -597,15 +721,34 @@ def generate_request(
         "model": model,
         "reasoning_ended": None,
         "reasoning_parser_kwargs": None,
-        "return_token_ids": None,
+        "return_token_ids": None
+        if return_ids is None
+        else lax_bool(return_ids, "return_token_ids"),
         "output_mode": "tokens",
         "parse_context": parse_context,
-        "stream": flag(body, "stream", False),
-        "stream_options": body.get("stream_options"),
-        "cache_salt": body.get("cache_salt"),
+        "stream": stream,
+        "stream_options": _stream_options(body.get("stream_options"), stream),
+        "cache_salt": salt,
         "priority": 0 if body.get("priority") is None else lax_int(body["priority"], "priority"),
-        "kv_transfer_params": body.get("kv_transfer_params"),
+        "kv_transfer_params": kv_params,
         "ec_transfer_params": None,
+    }
+
+
+def _stream_options(value: Any, stream: bool) -> dict[str, bool] | None:
+    """vLLM's ``StreamOptions`` of a request, both flags written; non-empty ones only with
+    ``stream``."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError("'stream_options' must be an object", param="stream_options")
+    if value and not stream:
+        raise ApiError(
+            "Stream options can only be defined when `stream=True`", param="stream_options"
+        )
+    return {
+        "include_usage": flag(value, "include_usage", False),
+        "continuous_usage_stats": flag(value, "continuous_usage_stats", False),
     }
 
 

@@ -11,13 +11,14 @@ value the response writer cannot write gets through.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from .errors import ApiError
 
 __all__ = ("INT64_MAX", "INT64_MIN", "flag", "lax_bool", "lax_float", "lax_int")
 
+_T = TypeVar("_T")
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
@@ -35,10 +36,7 @@ def lax_int(value: Any, param: str, *, lo: int = INT64_MIN, hi: int = INT64_MAX)
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
     elif isinstance(value, str):
-        try:
-            number = int(value.strip())
-        except ValueError:
-            number = None
+        number = _parsed(value, int)
     if number is None:
         raise ApiError(f"'{param}' must be an integer, got {_shown(value)}", param=param)
     if not lo <= number <= hi:
@@ -55,10 +53,7 @@ def lax_float(value: Any, param: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         number = float(value)
     elif isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = None
+        number = _parsed(value, float)
     if number is None or not math.isfinite(number):
         raise ApiError(f"'{param}' must be a finite number, got {_shown(value)}", param=param)
     return number
@@ -89,6 +84,13 @@ def flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
     """
     value = body.get(key)
     return default if value is None else lax_bool(value, key)
+
+
+def _parsed(text: str, kind: Callable[[str], _T]) -> _T | None:
+    try:
+        return kind(text.strip())
+    except ValueError:
+        return None
 
 
 def _shown(value: Any) -> str:

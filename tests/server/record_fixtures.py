@@ -388,6 +388,68 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
         "error_file_url_malformed": chat(
             [user(text, {"type": "image_url", "image_url": {"url": "file://[x/y"}})]
         ),
+        # sampling fields, top-level fields and truncation, as vLLM writes them
+        "chat_sampling_fields": chat(
+            [user(text)],
+            n=2,
+            logprobs=True,
+            top_logprobs=3,
+            prompt_logprobs=1,
+            min_tokens=2,
+            ignore_eos=True,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            include_stop_str_in_output=True,
+            logit_bias={"5": 1.5},
+            allowed_token_ids=[1, 2, 3],
+            bad_words=["x"],
+            stream_interval=2,
+            thinking_token_budget=10,
+            vllm_xargs={"a": 1},
+        ),
+        "chat_echo": chat([user(text)], echo=True),
+        "chat_top_level_fields": chat(
+            [user(text)],
+            request_id="client-abc",
+            return_token_ids=True,
+            cache_salt="salt-1",
+            kv_transfer_params={"do_remote_decode": True},
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
+        "chat_reasoning_effort": chat([user(text)], reasoning_effort="low"),
+        "chat_truncated": chat([user(text)], truncate_prompt_tokens=5),
+        "completions_default_budget": ("/v1/completions/render", {"model": model, "prompt": "Hi"}),
+        "completions_logprobs_echo": (
+            "/v1/completions/render",
+            {"model": model, "prompt": [1, 2, 3, 4, 5, 6], "logprobs": 2, "echo": True, "n": 3},
+        ),
+        "completions_truncated_right": (
+            "/v1/completions/render",
+            {
+                "model": model,
+                "prompt": "one two three four five six",
+                "truncate_prompt_tokens": 3,
+                "truncation_side": "right",
+            },
+        ),
+        "messages_stream": (
+            "/v1/messages/render",
+            {"model": model, "max_tokens": 5, "stream": True, "messages": [user(text)]},
+        ),
+        "error_top_logprobs_without_logprobs": chat([user(text)], top_logprobs=2),
+        "error_cache_salt_empty": chat([user(text)], cache_salt=""),
+        "error_stream_options_without_stream": chat(
+            [user(text)], stream_options={"include_usage": True}
+        ),
+        "error_min_tokens_above_max_tokens": chat([user(text)], min_tokens=5, max_tokens=3),
+        "error_prompt_token_id_negative": (
+            "/v1/completions/render",
+            {"model": model, "prompt": [5, -1]},
+        ),
+        "error_beam_search": chat([user(text)], use_beam_search=True),
+        "error_request_chat_template": chat([user(text)], chat_template="{{ 'x' }}"),
+        "error_truncate_above_context": chat([user(text)], truncate_prompt_tokens=40000),
         "error_anthropic_source_not_an_object": (
             "/v1/messages/render",
             {

@@ -247,3 +247,53 @@ def test_metrics_and_models(gateway: Any, model_folder: Path) -> None:
     models = httpx.get(server.url + "/v1/models").json()
     assert models["data"][0]["id"] == str(model_folder)
     assert json.loads(httpx.get(server.url + "/health").text or "null") is None
+
+
+def test_stream_with_usage_ends_with_a_usage_chunk(gateway: Any, model_folder: Path) -> None:
+    server, standin, script = gateway
+    stream = _client(server).chat.completions.create(
+        model=str(model_folder),
+        messages=_messages(_png(3)),
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == REPLY
+    seen = standin.seen[-1]
+    assert seen["sampling_params"]["output_kind"] == 1  # deltas, as the gateway reads them
+    assert seen["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.prompt_tokens == len(seen["token_ids"])
+    assert last.usage.completion_tokens == len(script)
+
+
+def test_special_tokens_are_kept_when_asked(gateway: Any, model_folder: Path) -> None:
+    server, standin, _ = gateway
+    out = _client(server).chat.completions.create(
+        model=str(model_folder),
+        messages=_messages(_png(4)),
+        extra_body={"skip_special_tokens": False},
+    )
+    assert out.choices[0].message.content == REPLY + "<|im_end|>"
+    assert standin.seen[-1]["sampling_params"]["skip_special_tokens"] is False
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 2}, "logprobs")],
+)
+def test_what_the_gateway_cannot_answer_is_refused(
+    gateway: Any, model_folder: Path, fields: dict[str, Any], param: str
+) -> None:
+    server, standin, _ = gateway
+    client = _client(server)
+    seen = len(standin.seen)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=str(model_folder), messages=_messages(_png(5)), **fields
+        )
+    assert info.value.body["param"] == param  # type: ignore[index]
+    assert len(standin.seen) == seen  # refused before the upstream was asked
+    ok = client.chat.completions.create(model=str(model_folder), messages=_messages(_png(5)))
+    assert ok.choices[0].message.content == REPLY

@@ -188,4 +188,5 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
         *FIXTURES_GLM4V.glob("*.json"),
         *FIXTURES_GLM_OCR.glob("*.json"),
     ]
-    assert sum(p.stat().st_size for p in files) < 4 << 20
+    # the image and video cases are most of it; the request-field cases add about 40 KiB
+    assert sum(p.stat().st_size for p in files) < 9 << 19

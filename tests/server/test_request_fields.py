@@ -22,6 +22,7 @@ from aiomm.errors import EngineClosedError, ItemCountMismatchError, OverloadedEr
 from aiomm.server import ServerConfig, create_app
 from aiomm.server.errors import ApiError, from_aiomm_error
 from aiomm.server.request_values import INT64_MAX, flag, lax_bool, lax_float, lax_int
+from aiomm.server.sampling import SamplingDefaults, derive
 
 CASE = json.loads((Path(__file__).parent / "fixtures" / "chat_jpeg.json").read_text())
 ANTHROPIC = json.loads((Path(__file__).parent / "fixtures" / "messages_anthropic.json").read_text())
@@ -134,6 +135,37 @@ BAD: dict[str, tuple[str, dict[str, Any], str | None, str]] = {
         "messages",
         "ItemCountMismatchError",
     ),
+    # what aiomm does not reproduce is refused, never answered differently from vLLM
+    "response_format_json": (
+        CASE["path"],
+        _chat(response_format={"type": "json_object"}),
+        "response_format",
+        "structured outputs",
+    ),
+    "tools": (
+        CASE["path"],
+        _chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        "tools",
+        "tool definitions",
+    ),
+    "truncation_with_an_image": (
+        CASE["path"],
+        _chat(truncate_prompt_tokens=5),
+        "truncate_prompt_tokens",
+        "placeholders",
+    ),
+    "completion_prompt_empty": (
+        "/v1/completions/render",
+        {"prompt": ""},
+        "prompt",
+        "non-empty",
+    ),
+    "completion_prompt_mixed": (
+        "/v1/completions/render",
+        {"prompt": ["a", [5]]},
+        "prompt",
+        "integer",
+    ),
     "anthropic_source_a_string": (
         ANTHROPIC["path"],
         _anthropic(lambda b: b["messages"][0]["content"][0].update(source="abc")),
@@ -196,6 +228,15 @@ def test_lax_values_and_a_clamped_max_tokens_render_as_vllm_reads_them(live_serv
     assert sp["max_tokens"] == room and sp["output_kind"] == 1  # DELTA when streaming
 
 
+def test_a_client_request_id_names_the_request(live_server: Any) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "request_id": "client-7"}
+    r = httpx.post(live_server.url + CASE["path"], json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["request_id"] == "chatcmpl-client-7"
+    r = httpx.post(live_server.url + CASE["path"], json={**body, "request_id": 7}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "request_id"
+
+
 def test_models_before_the_lifespan_is_a_json_503(model_folder: Path) -> None:
     app = create_app(ServerConfig(model=str(model_folder)))
     client = TestClient(app)  # no ``with``: the lifespan never runs
@@ -245,3 +286,31 @@ def test_lax_readers() -> None:
     assert flag({}, "stream", False) is False
     assert flag({"stream": None}, "stream", True) is True
     assert flag({"stream": "no"}, "stream", True) is False
+
+
+def test_generation_config_defaults_as_vllm_takes_them(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "max_new_tokens": 100,
+                "skip_special_tokens": False,
+                "presence_penalty": 0.5,
+                "do_sample": True,  # not a sampling param vLLM takes
+                "top_k": None,
+            }
+        )
+    )
+    defaults = SamplingDefaults.from_folder(tmp_path)
+    assert defaults.values == {
+        "max_tokens": 100,
+        "skip_special_tokens": False,
+        "presence_penalty": 0.5,
+    }
+    chat = derive({}, defaults, 10, api="chat")
+    assert chat["max_tokens"] == 100 and chat["skip_special_tokens"] is False
+    assert chat["presence_penalty"] == 0.5 and "top_k" not in chat
+    assert derive({"max_tokens": 50}, defaults, 10, api="chat")["max_tokens"] == 50
+    assert derive({}, defaults, 4090, api="chat")["max_tokens"] == 6  # the room, below 100
+    assert "max_tokens" not in derive({"prompt": "x"}, defaults, 10, api="completion")  # 16
+    assert "skip_special_tokens" not in derive({"skip_special_tokens": True}, defaults, 10)

@@ -42,6 +42,7 @@ TOP_LEVEL = {
     "ec_transfer_params": (dict, type(None)),
 }
 SAMPLING = {
+    "n": int,
     "presence_penalty": float,
     "frequency_penalty": float,
     "repetition_penalty": float,
@@ -52,13 +53,24 @@ SAMPLING = {
     "seed": int,
     "stop": list,
     "stop_token_ids": list,
+    "ignore_eos": bool,
     "max_tokens": int,
+    "min_tokens": int,
+    "logprobs": int,
+    "prompt_logprobs": int,
+    "skip_special_tokens": bool,
+    "spaces_between_special_tokens": bool,
+    "include_stop_str_in_output": bool,
     "output_kind": int,
+    "stream_interval": int,
     "skip_clone": bool,
     "output_text_buffer_length": int,
+    "logit_bias": dict,
+    "allowed_token_ids": list,
     "extra_args": dict,
     "bad_words": list,
     "skip_reading_prefix_cache": bool,
+    "thinking_token_budget": int,
 }
 IMAGE_PAD = 151655
 #: each modality's pad token, and its grid and pixel keys in an item
