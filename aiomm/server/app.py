@@ -338,7 +338,9 @@ def create_app(config: ServerConfig) -> Starlette:
                 "count": len(ids),
                 "max_model_len": s.defaults.max_model_len,
                 "tokens": ids,
-                "token_strs": None,
+                "token_strs": s.tokenizer.convert_ids_to_tokens(ids)
+                if flag(body, "return_token_strs", False)
+                else None,
             }
         )
 

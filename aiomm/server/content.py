@@ -128,7 +128,7 @@ def parse_responses(body: dict[str, Any]) -> Parsed:
         "'instructions' must be a string",
         "instructions",
     )
-    if instructions is not None:
+    if instructions:  # vLLM leaves an empty one out (the template's default system prompt)
         conversation.append({"role": "system", "content": instructions})
     raw = body.get("input")
     if isinstance(raw, str):

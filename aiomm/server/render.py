@@ -250,7 +250,7 @@ class RenderService:
         :raises ApiError: a 4xx for the client's mistakes, 5xx for ours.
         """
         model = self.check_model(body)
-        refuse_unreproduced(body)
+        refuse_unreproduced(body, api)
         payload = body.get("mm_payload", "tensors")
         if body.get("return_mm_kwargs") is False:
             payload = "none"
@@ -321,12 +321,16 @@ class RenderService:
                 ) from None
         sampling = derive(body, self.defaults, len(prompt_ids), api=api)
         id_prefix, tool_choice = _APIS[api]
+        if api == "messages" and body.get("tool_choice") == {"type": "none"}:
+            tool_choice = "none"  # vLLM's Anthropic mapping of the one choice it takes untooled
         parse_context = None
         if tool_choice is not None:
             parse_context = {
                 "tools": None,
                 "tool_choice": tool_choice or None,
-                "parallel_tool_calls": True,
+                "parallel_tool_calls": flag(body, "parallel_tool_calls", True)
+                if api == "chat"
+                else True,
                 "include_reasoning": True,
                 "chat_template_kwargs": {
                     "cohere_format": "cmd4",
@@ -355,7 +359,7 @@ class RenderService:
         :raises ApiError: a missing or malformed prompt, or an unknown model.
         """
         model = self.check_model(body)
-        refuse_unreproduced(body)
+        refuse_unreproduced(body, "completion")
         out = []
         for p in _prompts(body.get("prompt")):
             ids = self.chat.encode(p) if isinstance(p, str) else p
@@ -514,9 +518,10 @@ _UNREPRODUCED: dict[str, tuple[Any, str]] = {
 _REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 
 
-def refuse_unreproduced(body: Mapping[str, Any]) -> None:
-    """Refuse a request that sets a field whose effect on vLLM's response aiomm does not
-    reproduce: a 400 naming it, never a response that silently differs from vLLM's.
+def refuse_unreproduced(body: Mapping[str, Any], api: str = "chat") -> None:
+    """Refuse a request to ``api`` that sets a field whose effect on vLLM's response aiomm does
+    not reproduce, or that vLLM refuses: a 400 naming it, never a response that silently
+    differs from vLLM's.
 
     :raises ApiError: 400 naming the field.
     """
@@ -524,6 +529,29 @@ def refuse_unreproduced(body: Mapping[str, Any]) -> None:
         value = body.get(key)
         if value is not None and value != unset and value != []:
             raise ApiError(f"'{key}' is not supported: {why}", param=key)
+    if api == "messages":
+        if body.get("max_tokens") is None:
+            raise ApiError("'max_tokens' is required", param="max_tokens")
+        if body.get("thinking") is not None:
+            raise ApiError("'thinking' is not supported: it is not rendered", param="thinking")
+    choice = body.get("tool_choice") if api in ("chat", "messages") else None
+    if choice is not None and choice != "none" and choice != {"type": "none"}:
+        raise ApiError(  # vLLM's words: tools themselves are refused above
+            "When using `tool_choice`, `tools` must be set.", param="tool_choice"
+        )
+    text = body.get("text") if api == "responses" else None
+    text_format = text.get("format") if isinstance(text, dict) else None
+    if text is not None and (
+        not isinstance(text, dict)
+        or (
+            text_format is not None
+            and (not isinstance(text_format, dict) or text_format.get("type") != "text")
+        )
+    ):
+        raise ApiError(
+            "'text.format' other than text is not supported: structured outputs are not rendered",
+            param="text",
+        )
     response_format = body.get("response_format")
     if response_format is not None and (
         not isinstance(response_format, dict) or response_format.get("type") != "text"

@@ -84,6 +84,36 @@ _MAX_TOKENS: dict[str, tuple[tuple[str, ...], int | None]] = {
     "completion": (("max_tokens",), _VLLM_DEFAULT_MAX_TOKENS),
     "responses": (("max_output_tokens",), None),
 }
+#: the fields of the APIs whose request models have fewer than chat's (None: all of chat's)
+_FIELDS: dict[str, frozenset[str]] = {
+    "messages": frozenset(
+        {"max_tokens", "stop_sequences", "stream", "temperature", "top_k", "top_p"}
+    ),
+    "responses": frozenset(
+        {
+            "frequency_penalty",
+            "ignore_eos",
+            "include",
+            "include_stop_str_in_output",
+            "logit_bias",
+            "max_output_tokens",
+            "min_p",
+            "presence_penalty",
+            "repetition_penalty",
+            "seed",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "stop",
+            "stop_token_ids",
+            "stream",
+            "temperature",
+            "top_k",
+            "top_logprobs",
+            "top_p",
+            "vllm_xargs",
+        }
+    ),
+}
 #: flags a request may set, the value that leaves them out of ``sampling_params``
 _FLAGS = (
     ("ignore_eos", False),
@@ -110,6 +140,9 @@ def derive(
             f"the prompt has {prompt_len} tokens, the model's context is {defaults.max_model_len}"
         )
     d = defaults.values
+    fields = _FIELDS.get(api)
+    if fields is not None:  # the API's request model has no other fields: vLLM ignores them
+        body = {k: v for k, v in body.items() if k in fields}
     stream = flag(body, "stream", False)
     out: dict[str, Any] = {}
     n = _int(body, "n", 1)
@@ -135,7 +168,7 @@ def derive(
     out["min_p"] = _float(body, "min_p", d.get("min_p", 0.0), 0.0, 1.0)
     if body.get("seed") is not None:
         out["seed"] = lax_int(body["seed"], "seed")
-    stop = body.get("stop") or body.get("stop_sequences") or []
+    stop = body.get("stop_sequences" if api == "messages" else "stop") or []
     if isinstance(stop, str):
         stop = [stop]
     if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
@@ -211,7 +244,7 @@ def derive(
     out["skip_reading_prefix_cache"] = prompt_logprobs is not None
     if body.get("thinking_token_budget") is not None:
         out["thinking_token_budget"] = lax_int(
-            body["thinking_token_budget"], "thinking_token_budget"
+            body["thinking_token_budget"], "thinking_token_budget", lo=-1
         )
     return out
 
@@ -233,6 +266,11 @@ def _ints(body: dict[str, Any], key: str) -> list[int] | None:
 def _logprobs(body: dict[str, Any], api: str, stream: bool) -> tuple[int | None, int | None]:
     """``(logprobs, prompt_logprobs)``: chat asks with ``logprobs: true`` and ``top_logprobs``,
     completions with an integer ``logprobs``; ``echo`` asks for the prompt's too."""
+    if api == "responses":
+        include = body.get("include")
+        if isinstance(include, list) and "message.output_text.logprobs" in include:
+            return _int(body, "top_logprobs", 0), None
+        return None, None
     if api not in ("chat", "completion"):
         return None, None
     prompt = _int(body, "prompt_logprobs", 0) if body.get("prompt_logprobs") is not None else None
@@ -275,5 +313,5 @@ def _logit_bias(value: Any) -> dict[str, float]:
             raise ApiError(
                 f"logit_bias key {key[:20]!r} is not an integer token id", param="logit_bias"
             ) from None
-        out[str(token)] = lax_float(bias, "logit_bias")
+        out[str(token)] = min(100.0, max(-100.0, lax_float(bias, "logit_bias")))  # vLLM's clamp
     return out

@@ -437,6 +437,40 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
             "/v1/messages/render",
             {"model": model, "max_tokens": 5, "stream": True, "messages": [user(text)]},
         ),
+        "chat_parallel_tool_calls_off": chat([user(text)], parallel_tool_calls=False),
+        "responses_fields": (
+            "/v1/responses/render",
+            {
+                "model": model,
+                "input": "Describe this image.",
+                "instructions": "",  # left out: the template's default system prompt stays
+                "top_logprobs": 2,
+                "include": ["message.output_text.logprobs"],
+                "n": 3,  # not a Responses field: ignored
+                "min_tokens": 2,
+            },
+        ),
+        "messages_fields": (
+            "/v1/messages/render",
+            {
+                "model": model,
+                "max_tokens": 5,
+                "messages": [user(text)],
+                "tool_choice": {"type": "none"},
+                "stop_sequences": ["a", "bb"],
+                "n": 3,  # not an Anthropic field: ignored
+                "seed": 4,
+            },
+        ),
+        "tokenize_token_strs": (
+            "/tokenize",
+            {"model": model, "prompt": "Describe this image.", "return_token_strs": True},
+        ),
+        "error_tool_choice_without_tools": chat([user(text)], tool_choice="auto"),
+        "error_messages_without_max_tokens": (
+            "/v1/messages/render",
+            {"model": model, "messages": [user(text)]},
+        ),
         "error_top_logprobs_without_logprobs": chat([user(text)], top_logprobs=2),
         "error_cache_salt_empty": chat([user(text)], cache_salt=""),
         "error_stream_options_without_stream": chat(

@@ -97,7 +97,11 @@ def _anthropic_body(images: list[bytes]) -> dict[str, Any]:
         }
         for p in user["content"]
     ]
-    return {"system": system["content"], "messages": [{"role": "user", "content": blocks}]}
+    return {
+        "system": system["content"],
+        "max_tokens": 64,  # required by the Anthropic API
+        "messages": [{"role": "user", "content": blocks}],
+    }
 
 
 def _conversation(images: list[bytes]) -> list[dict[str, Any]]:

@@ -154,6 +154,32 @@ BAD: dict[str, tuple[str, dict[str, Any], str | None, str]] = {
         "truncate_prompt_tokens",
         "placeholders",
     ),
+    "anthropic_thinking": (
+        ANTHROPIC["path"],
+        _anthropic(lambda b: b.update(thinking={"type": "enabled", "budget_tokens": 16})),
+        "thinking",
+        "thinking",
+    ),
+    "responses_json_format": (
+        RESPONSES["path"],
+        {"input": "hi", "text": {"format": {"type": "json_object"}}},
+        "text",
+        "structured outputs",
+    ),
+    "logit_bias_key_not_a_token": (
+        CASE["path"],
+        _chat(logit_bias={"five": 1.0}),
+        "logit_bias",
+        "token id",
+    ),
+    "vllm_xargs_a_string": (CASE["path"], _chat(vllm_xargs="x"), "vllm_xargs", "object"),
+    "documents_a_string": (CASE["path"], _chat(documents="x"), "documents", "list"),
+    "reasoning_effort_unknown": (
+        CASE["path"],
+        _chat(reasoning_effort="huge"),
+        "reasoning_effort",
+        "reasoning_effort",
+    ),
     "completion_prompt_empty": (
         "/v1/completions/render",
         {"prompt": ""},
