@@ -1,12 +1,17 @@
 """Text to token ids without special tokens, as a Hugging Face tokenizer gives them, taking its
 fast backend directly when that gives the same ids (the wrapper's bookkeeping costs twice the
-encoding of a short prompt, on the event loop)."""
+encoding of a short prompt, on the event loop). Long text goes through ``encode_batch``, which
+releases the GIL where ``encode`` holds it (a megabyte of text takes about a second: on a worker
+thread, the event loop keeps running)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ("encode_plain", "plain_backend")
+__all__ = ("LONG_TEXT_CHARS", "encode_plain", "plain_backend")
+
+#: text of more characters is long: encoded with the GIL released, and worth a worker thread
+LONG_TEXT_CHARS = 1 << 14
 
 
 def plain_backend(tokenizer: Any) -> Any:
@@ -34,5 +39,7 @@ def encode_plain(tokenizer: Any, text: str) -> list[int]:
     :func:`plain_backend` allows)."""
     backend = plain_backend(tokenizer)
     if backend is not None:
+        if len(text) > LONG_TEXT_CHARS:  # the same ids, without the GIL
+            return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(backend.encode(text, add_special_tokens=False).ids)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -318,19 +318,19 @@ def create_app(config: ServerConfig) -> Starlette:
         return _render_json(await _render(body, parse_anthropic, api="messages"))
 
     async def completions_render(request: Request, body: dict[str, Any]) -> Response:
-        return _json(state().service.render_text(body))
+        return _json(await state().service.render_text(body))
 
     async def tokenize(request: Request, body: dict[str, Any]) -> Response:
         s = state().service
         s.check_model(body)
         if "messages" in body:
             parsed = parse_chat(body)
-            ids = s.chat.render(
+            ids = await s.chat.arender(
                 parsed.conversation,
                 add_generation_prompt=flag(body, "add_generation_prompt", True),
             )
         elif isinstance(body.get("prompt"), str):
-            ids = s.chat.encode(body["prompt"])
+            ids = await s.chat.aencode(body["prompt"])
         else:
             raise ApiError("give 'prompt' or 'messages'", param="prompt")
         return _json(
@@ -351,13 +351,13 @@ def create_app(config: ServerConfig) -> Starlette:
         if chat:
             gen = await _render(body, parse_chat, api="chat")
         else:
-            gens = s.service.render_text(body)
+            gens = await s.service.render_text(body)
             if len(gens) != 1:
                 raise ApiError(
                     "the gateway takes one prompt per completion request", param="prompt"
                 )
             gen = gens[0]
-        refuse_unanswerable(gen)
+        refuse_unanswerable(gen, body)
         model = str(body.get("model") or s.service.served_names[0])
         if gen["stream"]:  # the body's, read as a bool field by generate_request
             return StreamingResponse(

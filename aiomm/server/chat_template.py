@@ -1,13 +1,22 @@
 """Chat-template rendering as vLLM's renderer does it: ``tokenizer.apply_chat_template`` with the
 model folder's template, ``add_generation_prompt`` on by default, then the text tokenized without
-special tokens added (the template writes them)."""
+special tokens added (the template writes them).
+
+The async forms run on the event loop for ordinary prompts (a template and a tokenizer call take
+well under a millisecond) and in a worker thread for long text (``LONG_TEXT_CHARS``, encoded with
+the GIL released): a megabyte of prompt text takes about a second to tokenize, which on the loop
+would stall every other request for as long.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
-from aiomm.processing.tokenize import encode_plain
+import anyio
+
+from aiomm.processing.tokenize import LONG_TEXT_CHARS, encode_plain
 
 from .errors import ApiError
 
@@ -49,3 +58,40 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
         return encode_plain(self.tokenizer, text)
+
+    async def arender(
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """:meth:`render`, in a worker thread when the conversation's text is long."""
+        call = functools.partial(
+            self.render,
+            conversation,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            kwargs=kwargs,
+        )
+        if _text_chars(conversation) <= LONG_TEXT_CHARS:
+            return call()
+        return await anyio.to_thread.run_sync(call)
+
+    async def aencode(self, text: str) -> list[int]:
+        """:meth:`encode`, in a worker thread when ``text`` is long."""
+        if len(text) <= LONG_TEXT_CHARS:
+            return self.encode(text)
+        return await anyio.to_thread.run_sync(self.encode, text)
+
+
+def _text_chars(conversation: list[dict[str, Any]]) -> int:
+    total = 0
+    for message in conversation:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(part.get("text") or "") for part in content)
+    return total

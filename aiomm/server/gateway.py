@@ -5,7 +5,8 @@ Generated token ids are detokenized with the model's tokenizer (incrementally wh
 chunk's text being what the growing decode added). Cancelling the caller closes the upstream
 connection, which makes vLLM abort the request. One choice per request and no log
 probabilities: a request asking for more (``n``, ``logprobs``, ``echo``) is refused rather than
-answered with less; ``skip_special_tokens`` and ``stream_options.include_usage`` are honoured.
+answered with less; ``skip_special_tokens`` and ``stream_options`` (``include_usage``,
+``continuous_usage_stats``) are honoured.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 
 from .errors import ApiError
 from .json_chunks import dumps as dumps_json
+from .request_values import flag
 
 __all__ = ("Upstream", "refuse_unanswerable")
 
@@ -30,17 +32,20 @@ _UNANSWERABLE = {
 }
 
 
-def refuse_unanswerable(gen: dict[str, Any]) -> None:
-    """Refuse a rendered request whose answer the gateway would give short.
+def refuse_unanswerable(gen: dict[str, Any], body: dict[str, Any]) -> None:
+    """Refuse a rendered request (``gen``, from ``body``) whose answer the gateway would give
+    short.
 
     :raises ApiError: 400 naming the parameter.
     """
+    if flag(body, "echo", False):
+        raise ApiError(
+            "'echo' is not supported by the gateway: it answers the generated text only",
+            param="echo",
+        )
     for key, why in _UNANSWERABLE.items():
         if key in gen["sampling_params"]:
-            param = "echo" if key == "prompt_logprobs" else key
-            raise ApiError(
-                f"'{param}' is not supported by the gateway: it answers {why}", param=param
-            )
+            raise ApiError(f"'{key}' is not supported by the gateway: it answers {why}", param=key)
 
 
 class Upstream:
@@ -134,6 +139,9 @@ class Upstream:
         ids: list[int] = []
         sent = ""
 
+        options = gen.get("stream_options") or {}
+        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
+
         def event(delta: str | None, finish: str | None, *, role: bool = False) -> bytes:
             if chat:
                 d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
@@ -159,6 +167,8 @@ class Upstream:
                 "model": model,
                 "choices": [choice],
             }
+            if continuous:  # usage so far in every chunk, as vLLM's continuous_usage_stats
+                obj["usage"] = self._usage(len(gen["token_ids"]), len(ids))
             return b"data: " + orjson.dumps(obj) + b"\n\n"
 
         if chat:
@@ -195,7 +205,7 @@ class Upstream:
             err = ApiError(f"upstream stream failed: {type(exc).__name__}", status=502)
             yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
         else:
-            if (gen.get("stream_options") or {}).get("include_usage"):
+            if options.get("include_usage"):
                 usage = {
                     "id": rid,
                     "object": kind,

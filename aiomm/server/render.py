@@ -53,6 +53,7 @@ from .json_chunks import PiecesString
 from .kwargs_codec import Field, WireRows, encode_item_pieces
 from .media import VllmDecoder, converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
+from .request_fields import own_fields
 from .request_values import flag, lax_bool, lax_int
 from .sampling import SamplingDefaults, derive
 from .video_media import VIDEOS_PER_PROMPT, hash_metadata, video_loader
@@ -250,6 +251,7 @@ class RenderService:
         :raises ApiError: a 4xx for the client's mistakes, 5xx for ours.
         """
         model = self.check_model(body)
+        body = own_fields(body, api)  # what the API's request model lacks, vLLM never reads
         refuse_unreproduced(body, api)
         payload = body.get("mm_payload", "tensors")
         if body.get("return_mm_kwargs") is False:
@@ -290,11 +292,12 @@ class RenderService:
         add_gen = flag(body, "add_generation_prompt", True)
         cont = flag(body, "continue_final_message", False)
         template_kwargs = {**template_kwargs, **_template_extras(body, template_kwargs)}
-        prompt_ids = self.chat.render(
+        prompt_ids = await self.chat.arender(
             parsed.conversation,
             add_generation_prompt=add_gen,
             continue_final_message=cont,
-            kwargs=template_kwargs,
+            # the request's own flags win over the same keys in its template kwargs (vLLM's merge)
+            kwargs={k: v for k, v in template_kwargs.items() if k not in _TEMPLATE_FLAGS},
         )
         if body.get("truncate_prompt_tokens") is not None:
             if parsed.images or parsed.videos:
@@ -308,6 +311,10 @@ class RenderService:
         cache_hits = 0
         timings: dict[str, float] = {}
         if parsed.images or parsed.videos:
+            # the body's fields are checked before its media are fetched, as vLLM checks them
+            derive(body, self.defaults, len(prompt_ids), api=api)
+            generate_request([], None, model=model, sampling_params={}, body=body)
+            _request_id(body, api)
             try:
                 with anyio.fail_after(self.limits.timeout_s):
                     features, prompt_ids, cache_hits, timings = await self._features(
@@ -320,17 +327,13 @@ class RenderService:
                     type="TimeoutError",
                 ) from None
         sampling = derive(body, self.defaults, len(prompt_ids), api=api)
-        id_prefix, tool_choice = _APIS[api]
-        if api == "messages" and body.get("tool_choice") == {"type": "none"}:
-            tool_choice = "none"  # vLLM's Anthropic mapping of the one choice it takes untooled
+        tool_choice = _TOOL_CHOICE[api]
         parse_context = None
         if tool_choice is not None:
             parse_context = {
                 "tools": None,
-                "tool_choice": tool_choice or None,
-                "parallel_tool_calls": flag(body, "parallel_tool_calls", True)
-                if api == "chat"
-                else True,
+                "tool_choice": _tool_choice(body, tool_choice, api),
+                "parallel_tool_calls": _parallel_tool_calls(body, api),
                 "include_reasoning": True,
                 "chat_template_kwargs": {
                     "cohere_format": "cmd4",
@@ -340,8 +343,14 @@ class RenderService:
                 },
                 "history_tool_call_cnt": 0,
             }
-        response = self._generate_request(
-            id_prefix, prompt_ids, features, sampling, model, body, parse_context
+        response = generate_request(
+            prompt_ids,
+            features,
+            model=model,
+            sampling_params=sampling,
+            request_id=_request_id(body, api),
+            parse_context=parse_context,
+            body=body,
         )
         if api == "messages" and response["stream"]:
             # vLLM's Anthropic endpoint streams with usage in every event
@@ -353,7 +362,7 @@ class RenderService:
             timings,
         )
 
-    def render_text(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async def render_text(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """``/v1/completions/render``: one ``GenerateRequest`` per prompt (text or token ids).
 
         :raises ApiError: a missing or malformed prompt, or an unknown model.
@@ -361,34 +370,21 @@ class RenderService:
         model = self.check_model(body)
         refuse_unreproduced(body, "completion")
         out = []
-        for p in _prompts(body.get("prompt")):
-            ids = self.chat.encode(p) if isinstance(p, str) else p
+        prompts = _prompts(body.get("prompt"))
+        base = _request_id(body, "completion")
+        for i, p in enumerate(prompts):
+            ids = await self.chat.aencode(p) if isinstance(p, str) else p
             ids = truncated(ids, body, self.defaults.max_model_len)
             if not ids:
                 raise ApiError("a prompt rendered no token ids", param="prompt")
             sampling = derive(body, self.defaults, len(ids), api="completion")
-            out.append(self._generate_request("cmpl-", ids, None, sampling, model, body, None))
+            rid = base if len(prompts) == 1 else f"{base}-{i}"  # vLLM's ids for a batch
+            out.append(
+                generate_request(
+                    ids, None, model=model, sampling_params=sampling, request_id=rid, body=body
+                )
+            )
         return out
-
-    def _generate_request(
-        self,
-        id_prefix: str,
-        token_ids: list[int],
-        features: dict[str, Any] | None,
-        sampling: dict[str, Any],
-        model: str,
-        body: dict[str, Any],
-        parse_context: dict[str, Any] | None,
-    ) -> dict[str, Any]:
-        return generate_request(
-            token_ids,
-            features,
-            model=model,
-            sampling_params=sampling,
-            request_id=f"{id_prefix}{_client_request_id(body) or random_hex(8)}",
-            parse_context=parse_context,
-            body=body,
-        )
 
     async def _video_hash(self, part: ImagePart, data: bytes) -> str:
         """vLLM's mm_hash of a video: over its bytes and its loader's metadata (the header is
@@ -489,13 +485,12 @@ class RenderService:
         return feats, result.prompt_token_ids, hits, result.timings
 
 
-#: per API: the request id's prefix, and the parse context's ``tool_choice`` ("" for null;
-#: None: no parse context)
-_APIS: dict[str, tuple[str, str | None]] = {
-    "chat": ("chatcmpl-", "none"),
-    "messages": ("chatcmpl-", ""),
-    "responses": ("resp_", None),
-}
+#: per API: the parse context's default ``tool_choice`` ("" for null; None: no parse context)
+_TOOL_CHOICE: dict[str, str | None] = {"chat": "none", "messages": "", "responses": None}
+#: per API: the prefix of a request id (a Responses body's own id is taken as it is)
+_ID_PREFIX = {"chat": "chatcmpl-", "messages": "chatcmpl-", "completion": "cmpl-", "responses": ""}
+#: chat-template kwargs the request's own fields set
+_TEMPLATE_FLAGS = frozenset({"add_generation_prompt", "continue_final_message"})
 #: request fields that change vLLM's rendering in ways aiomm does not reproduce, with the value
 #: that leaves them out, and why
 _UNREPRODUCED: dict[str, tuple[Any, str]] = {
@@ -602,7 +597,7 @@ def _template_extras(body: Mapping[str, Any], user: Mapping[str, Any]) -> dict[s
         extras["documents"] = documents
     effort = body.get("reasoning_effort")
     if effort is not None:
-        if effort not in _REASONING_EFFORTS:
+        if not isinstance(effort, str) or effort not in _REASONING_EFFORTS:
             raise ApiError(
                 f"'reasoning_effort' must be one of {sorted(_REASONING_EFFORTS)}",
                 param="reasoning_effort",
@@ -631,11 +626,30 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     return [[lax_int(t, "prompt", lo=0) for t in prompt]]
 
 
-def _client_request_id(body: Mapping[str, Any]) -> str | None:
+def _request_id(body: Mapping[str, Any], api: str) -> str:
+    """vLLM's request id: the API's prefix and the client's ``request_id`` (even an empty one),
+    else a random one."""
     rid = body.get("request_id")
     if rid is not None and not isinstance(rid, str):
         raise ApiError("'request_id' must be a string", param="request_id")
-    return rid or None
+    if rid is None:
+        return f"{_ID_PREFIX[api] or 'resp_'}{random_hex(8)}"
+    return _ID_PREFIX[api] + rid
+
+
+def _tool_choice(body: Mapping[str, Any], default: str, api: str) -> str | None:
+    if api == "messages":  # vLLM's Anthropic mapping of the one choice it takes untooled
+        return "none" if body.get("tool_choice") == {"type": "none"} else None
+    if "tool_choice" in body and body["tool_choice"] is None:
+        return None  # an explicit null stays null
+    return default or None
+
+
+def _parallel_tool_calls(body: Mapping[str, Any], api: str) -> bool | None:
+    if api != "chat" or "parallel_tool_calls" not in body:
+        return True
+    value = body["parallel_tool_calls"]
+    return None if value is None else lax_bool(value, "parallel_tool_calls")
 
 
 def _widen_ranges(
@@ -758,14 +772,14 @@ def generate_request(
         "stream_options": _stream_options(body.get("stream_options"), stream),
         "cache_salt": salt,
         "priority": 0 if body.get("priority") is None else lax_int(body["priority"], "priority"),
-        "kv_transfer_params": kv_params,
+        "kv_transfer_params": kv_params or None,  # vLLM hoists only a non-empty one
         "ec_transfer_params": None,
     }
 
 
-def _stream_options(value: Any, stream: bool) -> dict[str, bool] | None:
-    """vLLM's ``StreamOptions`` of a request, both flags written; non-empty ones only with
-    ``stream``."""
+def _stream_options(value: Any, stream: bool) -> dict[str, bool | None] | None:
+    """vLLM's ``StreamOptions`` of a request, both flags written (an explicit null kept);
+    non-empty ones only with ``stream``, and none at all without it."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -774,10 +788,15 @@ def _stream_options(value: Any, stream: bool) -> dict[str, bool] | None:
         raise ApiError(
             "Stream options can only be defined when `stream=True`", param="stream_options"
         )
-    return {
-        "include_usage": flag(value, "include_usage", False),
-        "continuous_usage_stats": flag(value, "continuous_usage_stats", False),
-    }
+    if not stream:
+        return None
+    return {key: _nullable_flag(value, key) for key in ("include_usage", "continuous_usage_stats")}
+
+
+def _nullable_flag(value: Mapping[str, Any], key: str) -> bool | None:
+    if key in value and value[key] is None:
+        return None
+    return flag(value, key, False)
 
 
 def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype | None) -> Any:

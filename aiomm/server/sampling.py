@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ApiError
+from .request_fields import own_fields
 from .request_values import flag, lax_float, lax_int
 
 __all__ = ("SamplingDefaults", "derive")
@@ -84,36 +85,9 @@ _MAX_TOKENS: dict[str, tuple[tuple[str, ...], int | None]] = {
     "completion": (("max_tokens",), _VLLM_DEFAULT_MAX_TOKENS),
     "responses": (("max_output_tokens",), None),
 }
-#: the fields of the APIs whose request models have fewer than chat's (None: all of chat's)
-_FIELDS: dict[str, frozenset[str]] = {
-    "messages": frozenset(
-        {"max_tokens", "stop_sequences", "stream", "temperature", "top_k", "top_p"}
-    ),
-    "responses": frozenset(
-        {
-            "frequency_penalty",
-            "ignore_eos",
-            "include",
-            "include_stop_str_in_output",
-            "logit_bias",
-            "max_output_tokens",
-            "min_p",
-            "presence_penalty",
-            "repetition_penalty",
-            "seed",
-            "skip_special_tokens",
-            "spaces_between_special_tokens",
-            "stop",
-            "stop_token_ids",
-            "stream",
-            "temperature",
-            "top_k",
-            "top_logprobs",
-            "top_p",
-            "vllm_xargs",
-        }
-    ),
-}
+#: vLLM raises a positive temperature below this to it; below ``_GREEDY_BELOW`` it samples greedily
+_MIN_TEMPERATURE = 1e-2
+_GREEDY_BELOW = 1e-5
 #: flags a request may set, the value that leaves them out of ``sampling_params``
 _FLAGS = (
     ("ignore_eos", False),
@@ -140,9 +114,7 @@ def derive(
             f"the prompt has {prompt_len} tokens, the model's context is {defaults.max_model_len}"
         )
     d = defaults.values
-    fields = _FIELDS.get(api)
-    if fields is not None:  # the API's request model has no other fields: vLLM ignores them
-        body = {k: v for k, v in body.items() if k in fields}
+    body = own_fields(body, api)
     stream = flag(body, "stream", False)
     out: dict[str, Any] = {}
     n = _int(body, "n", 1)
@@ -159,22 +131,35 @@ def derive(
     out["repetition_penalty"] = _float(
         body, "repetition_penalty", d.get("repetition_penalty", 1.0), 0.0, math.inf, open_lo=True
     )
-    out["temperature"] = _float(body, "temperature", d.get("temperature", 1.0), 0.0, 2.0)
-    out["top_p"] = _float(body, "top_p", d.get("top_p", 1.0), 0.0, 1.0, open_lo=True)
+    temperature = _float(body, "temperature", d.get("temperature", 1.0), 0.0, 2.0)
+    top_p = _float(body, "top_p", d.get("top_p", 1.0), 0.0, 1.0, open_lo=True)
     top_k = body.get("top_k")
     top_k = int(d.get("top_k", 0)) if top_k is None else lax_int(top_k, "top_k", lo=-1)
+    min_p = _float(body, "min_p", d.get("min_p", 0.0), 0.0, 1.0)
+    if temperature < _GREEDY_BELOW:  # greedy: vLLM resets what only sampling reads
+        if n != 1:
+            raise ApiError(f"n must be 1 when using greedy sampling, got {n}", param="n")
+        top_p, top_k, min_p = 1.0, 0, 0.0
+    out["temperature"] = _MIN_TEMPERATURE if 0 < temperature < _MIN_TEMPERATURE else temperature
+    greedy = temperature < _GREEDY_BELOW
+    if not greedy:  # vLLM's serialiser leaves out the values its greedy reset writes
+        out["top_p"] = top_p
     if top_k != 0:  # vLLM leaves out a top_k of 0 (seen with no generation_config.json)
         out["top_k"] = top_k
-    out["min_p"] = _float(body, "min_p", d.get("min_p", 0.0), 0.0, 1.0)
-    if body.get("seed") is not None:
-        out["seed"] = lax_int(body["seed"], "seed")
-    stop = body.get("stop_sequences" if api == "messages" else "stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
+    if not greedy:
+        out["min_p"] = min_p
+    seed = None if body.get("seed") is None else lax_int(body["seed"], "seed")
+    if seed is not None and seed != -1:  # vLLM: -1 is no seed
+        out["seed"] = seed
+    stop_key = "stop_sequences" if api == "messages" else "stop"
+    stop = body.get(stop_key)
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise ApiError("'stop' must be a string or a list of strings", param="stop")
+        raise ApiError(f"'{stop_key}' must be a string or a list of strings", param=stop_key)
+    if not all(stop):
+        raise ApiError("stop cannot contain an empty string", param=stop_key)
     out["stop"] = stop
-    out["stop_token_ids"] = _ints(body, "stop_token_ids") or []
+    out["stop_token_ids"] = list(dict.fromkeys(_ints(body, "stop_token_ids") or []))
     if flag(body, "ignore_eos", False):
         out["ignore_eos"] = True
     keys, budget = _MAX_TOKENS[api]
@@ -209,6 +194,9 @@ def derive(
     if min_tokens:
         out["min_tokens"] = min_tokens
     logprobs, prompt_logprobs = _logprobs(body, api, stream)
+    if logprobs is not None and logprobs < -1:
+        key = "logprobs" if api == "completion" else "top_logprobs"
+        raise ApiError(f"logprobs must be non-negative or -1, got {logprobs}", param=key)
     if logprobs is not None:
         out["logprobs"] = logprobs
     if prompt_logprobs is not None:
@@ -223,7 +211,7 @@ def derive(
         out["stream_interval"] = lax_int(body["stream_interval"], "stream_interval", lo=1)
     out["skip_clone"] = True
     buffer = max((len(s) for s in stop), default=1) - 1
-    if buffer > 0:
+    if buffer > 0 and not out.get("include_stop_str_in_output"):  # held back to be cut off
         out["output_text_buffer_length"] = buffer
     if body.get("logit_bias") is not None:
         out["logit_bias"] = _logit_bias(body["logit_bias"])
@@ -240,12 +228,20 @@ def derive(
     bad_words = body.get("bad_words") or []
     if not (isinstance(bad_words, list) and all(isinstance(w, str) for w in bad_words)):
         raise ApiError("'bad_words' must be a list of strings", param="bad_words")
-    out["bad_words"] = bad_words
+    if not all(bad_words):
+        raise ApiError("bad_words cannot contain an empty string", param="bad_words")
+    out["bad_words"] = list(dict.fromkeys(bad_words))
     out["skip_reading_prefix_cache"] = prompt_logprobs is not None
-    if body.get("thinking_token_budget") is not None:
-        out["thinking_token_budget"] = lax_int(
-            body["thinking_token_budget"], "thinking_token_budget", lo=-1
-        )
+    budget = body.get("thinking_token_budget")
+    if budget is not None:
+        # vLLM takes only a true integer here (no lax reading), -1 meaning no budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+            raise ApiError(
+                "`thinking_token_budget` must be a non-negative integer or -1 for unlimited",
+                param="thinking_token_budget",
+            )
+        if budget != -1:
+            out["thinking_token_budget"] = lax_int(budget, "thinking_token_budget")
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aiomm.adapters import build_processor, supported_adapters
-from aiomm.processing.tokenize import encode_plain, plain_backend
+from aiomm.processing.tokenize import LONG_TEXT_CHARS, encode_plain, plain_backend
 from aiomm.stages.assemble import AssembleStage
 from aiomm.types import Request
 
@@ -15,7 +15,13 @@ PROMPTS = [
     "héllo  wörld\n\n<|im_start|>user\ttabs",
     "",
     "<|image_pad|>" * 3 + " trailing",
+    # long text: encoded through encode_batch (the GIL released), the same ids
+    "héllo <|image_pad|> wörld\n" * 800,
 ]
+
+
+def test_the_long_prompt_is_long() -> None:
+    assert len(PROMPTS[-1]) > LONG_TEXT_CHARS
 
 
 @pytest.mark.parametrize("name", [info.short_name for info in supported_adapters()])

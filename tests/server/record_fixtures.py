@@ -424,6 +424,14 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
             "/v1/completions/render",
             {"model": model, "prompt": [1, 2, 3, 4, 5, 6], "logprobs": 2, "echo": True, "n": 3},
         ),
+        "completions_batch_ids": (
+            "/v1/completions/render",
+            {"model": model, "prompt": ["Hi", "there"], "request_id": "batch"},
+        ),
+        "error_completion_prompts_mixed": (
+            "/v1/completions/render",
+            {"model": model, "prompt": ["Hi", [1, 2, 3]]},
+        ),
         "completions_truncated_right": (
             "/v1/completions/render",
             {
@@ -465,6 +473,65 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
         "tokenize_token_strs": (
             "/tokenize",
             {"model": model, "prompt": "Describe this image.", "return_token_strs": True},
+        ),
+        "chat_greedy": chat([user(text)], temperature=0),
+        "chat_sampling_normalised": chat(
+            [user(text)],
+            temperature=0.001,
+            seed=-1,
+            thinking_token_budget=-1,
+            stop_token_ids=[5, 5, 6],
+            bad_words=["a", "a"],
+            kv_transfer_params={},
+            stop=["abc"],
+            include_stop_str_in_output=True,
+        ),
+        "chat_nulls": chat(
+            [user(text)],
+            tool_choice=None,
+            parallel_tool_calls=None,
+            stream=True,
+            stream_options={"include_usage": None},
+            request_id="",
+        ),
+        "chat_template_kwargs_flags": chat(
+            [user(text)], chat_template_kwargs={"add_generation_prompt": False, "x": 1}
+        ),
+        "responses_ignores_chat_fields": (
+            "/v1/responses/render",
+            {
+                "model": model,
+                "input": "Describe this image.",
+                "request_id": "client-resp",
+                "truncate_prompt_tokens": 3,
+                "add_generation_prompt": False,
+                "documents": [{"title": "a", "text": "b"}],
+                "return_token_ids": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "reasoning_effort": [1],
+            },
+        ),
+        "messages_ignores_chat_fields": (
+            "/v1/messages/render",
+            {
+                "model": model,
+                "max_tokens": 5,
+                "messages": [user(text)],
+                "priority": 3,
+                "request_id": "zz",
+                "response_format": {"type": "json_object"},
+                "use_beam_search": True,
+                "vllm_xargs": {"a": 1},
+            },
+        ),
+        "error_greedy_with_n": chat([user(text)], temperature=0, n=2),
+        "error_thinking_budget_a_string": chat([user(text)], thinking_token_budget="5"),
+        "error_stop_empty_string": chat([user(text)], stop=[""]),
+        "error_bad_words_empty_string": chat([user(text)], bad_words=[""]),
+        "error_completion_logprobs_negative": (
+            "/v1/completions/render",
+            {"model": model, "prompt": "Hi", "logprobs": -5},
         ),
         "error_tool_choice_without_tools": chat([user(text)], tool_choice="auto"),
         "error_messages_without_max_tokens": (

@@ -281,7 +281,11 @@ def test_special_tokens_are_kept_when_asked(gateway: Any, model_folder: Path) ->
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 2}, "logprobs")],
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ({"echo": True}, "echo"),
+    ],
 )
 def test_what_the_gateway_cannot_answer_is_refused(
     gateway: Any, model_folder: Path, fields: dict[str, Any], param: str
@@ -291,9 +295,30 @@ def test_what_the_gateway_cannot_answer_is_refused(
     seen = len(standin.seen)
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model=str(model_folder), messages=_messages(_png(5)), **fields
+            model=str(model_folder), messages=_messages(_png(5)), extra_body=fields
         )
     assert info.value.body["param"] == param  # type: ignore[index]
     assert len(standin.seen) == seen  # refused before the upstream was asked
     ok = client.chat.completions.create(model=str(model_folder), messages=_messages(_png(5)))
     assert ok.choices[0].message.content == REPLY
+
+
+def test_completion_echo_is_refused_and_continuous_usage_streams(
+    gateway: Any, model_folder: Path
+) -> None:
+    server, standin, script = gateway
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=str(model_folder), prompt="Say", echo=True)
+    assert info.value.body["param"] == "echo"  # type: ignore[index]
+    stream = client.chat.completions.create(
+        model=str(model_folder),
+        messages=_messages(_png(6)),
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+    )
+    chunks = list(stream)
+    prompt = len(standin.seen[-1]["token_ids"])
+    assert all(c.usage is not None and c.usage.prompt_tokens == prompt for c in chunks)
+    completion = [c.usage.completion_tokens for c in chunks]  # type: ignore[union-attr]
+    assert completion == sorted(completion) and completion[-1] == len(script)

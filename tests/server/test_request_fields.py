@@ -180,6 +180,12 @@ BAD: dict[str, tuple[str, dict[str, Any], str | None, str]] = {
         "reasoning_effort",
         "reasoning_effort",
     ),
+    "reasoning_effort_a_list": (
+        CASE["path"],
+        _chat(reasoning_effort=[1]),
+        "reasoning_effort",
+        "reasoning_effort",
+    ),
     "completion_prompt_empty": (
         "/v1/completions/render",
         {"prompt": ""},
@@ -340,3 +346,38 @@ def test_generation_config_defaults_as_vllm_takes_them(tmp_path: Path) -> None:
     assert derive({}, defaults, 4090, api="chat")["max_tokens"] == 6  # the room, below 100
     assert "max_tokens" not in derive({"prompt": "x"}, defaults, 10, api="completion")  # 16
     assert "skip_special_tokens" not in derive({"skip_special_tokens": True}, defaults, 10)
+
+
+def test_long_prompt_text_is_rendered_off_the_event_loop(
+    model_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import anyio
+    from transformers import AutoTokenizer
+
+    from aiomm.processing.tokenize import LONG_TEXT_CHARS
+    from aiomm.server.chat_template import ChatRenderer
+
+    chat = ChatRenderer(AutoTokenizer.from_pretrained(model_folder))
+    threads: list[threading.Thread] = []
+    encode = chat.encode
+
+    def recorded(text: str) -> list[int]:
+        threads.append(threading.current_thread())
+        return encode(text)
+
+    monkeypatch.setattr(chat, "encode", recorded)
+
+    async def main() -> None:
+        loop_thread = threading.current_thread()
+        short, long = "hi " * 10, "hi " * (LONG_TEXT_CHARS // 3 + 1)
+        for text in (short, long):
+            conversation = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+            assert await chat.arender(conversation) == chat.render(conversation)
+            assert await chat.aencode(text) == encode(text)
+        # per text: arender's encode, the direct render's (on the loop), aencode's
+        on_loop = [t is loop_thread for t in threads]
+        assert on_loop == [True, True, True, False, True, False]
+
+    anyio.run(main)
