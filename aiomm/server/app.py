@@ -303,7 +303,9 @@ def create_app(config: ServerConfig) -> Starlette:
         return rendered.response
 
     async def chat_render(request: Request, body: dict[str, Any]) -> Response:
-        return _render_json(await _render(body, parse_chat, api="chat"))
+        return _render_json(
+            await _render(body, parse_chat, api="chat", header_id=_header_id(request))
+        )
 
     async def responses_render(request: Request, body: dict[str, Any]) -> Response:
         return _render_json(
@@ -315,10 +317,12 @@ def create_app(config: ServerConfig) -> Starlette:
         )
 
     async def messages_render(request: Request, body: dict[str, Any]) -> Response:
-        return _render_json(await _render(body, parse_anthropic, api="messages"))
+        return _render_json(
+            await _render(body, parse_anthropic, api="messages", header_id=_header_id(request))
+        )
 
     async def completions_render(request: Request, body: dict[str, Any]) -> Response:
-        return _json(await state().service.render_text(body))
+        return _json(await state().service.render_text(body, header_id=_header_id(request)))
 
     async def tokenize(request: Request, body: dict[str, Any]) -> Response:
         s = state().service
@@ -349,9 +353,9 @@ def create_app(config: ServerConfig) -> Starlette:
         if s.upstream is None:
             raise ApiError("this server has no --upstream; use the /render endpoints", status=404)
         if chat:
-            gen = await _render(body, parse_chat, api="chat")
+            gen = await _render(body, parse_chat, api="chat", header_id=_header_id(request))
         else:
-            gens = await s.service.render_text(body)
+            gens = await s.service.render_text(body, header_id=_header_id(request))
             if len(gens) != 1:
                 raise ApiError(
                     "the gateway takes one prompt per completion request", param="prompt"
@@ -421,3 +425,8 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _header_id(request: Request) -> str | None:
+    """The request's ``X-Request-Id`` header, which vLLM takes over a body's ``request_id``."""
+    return request.headers.get("x-request-id")

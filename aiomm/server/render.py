@@ -244,9 +244,10 @@ class RenderService:
         body: dict[str, Any],
         *,
         api: str = "chat",
+        header_id: str | None = None,
     ) -> Rendered:
         """Render a parsed request to ``api``: ``"chat"``, ``"responses"`` or ``"messages"``
-        (Anthropic).
+        (Anthropic); ``header_id``: the request's ``X-Request-Id`` header.
 
         :raises ApiError: a 4xx for the client's mistakes, 5xx for ours.
         """
@@ -314,7 +315,7 @@ class RenderService:
             # the body's fields are checked before its media are fetched, as vLLM checks them
             derive(body, self.defaults, len(prompt_ids), api=api)
             generate_request([], None, model=model, sampling_params={}, body=body)
-            _request_id(body, api)
+            _request_id(body, api, header_id)
             try:
                 with anyio.fail_after(self.limits.timeout_s):
                     features, prompt_ids, cache_hits, timings = await self._features(
@@ -328,13 +329,18 @@ class RenderService:
                 ) from None
         sampling = derive(body, self.defaults, len(prompt_ids), api=api)
         tool_choice = _TOOL_CHOICE[api]
+        include_reasoning = flag(body, "include_reasoning", True)
+        if not include_reasoning and tool_choice is None:
+            raise ApiError(
+                "'include_reasoning' is not supported for this API", param="include_reasoning"
+            )
         parse_context = None
         if tool_choice is not None:
             parse_context = {
                 "tools": None,
                 "tool_choice": _tool_choice(body, tool_choice, api),
                 "parallel_tool_calls": _parallel_tool_calls(body, api),
-                "include_reasoning": True,
+                "include_reasoning": include_reasoning,
                 "chat_template_kwargs": {
                     "cohere_format": "cmd4",
                     **template_kwargs,
@@ -348,13 +354,15 @@ class RenderService:
             features,
             model=model,
             sampling_params=sampling,
-            request_id=_request_id(body, api),
+            request_id=_request_id(body, api, header_id),
             parse_context=parse_context,
             body=body,
         )
         if api == "messages" and response["stream"]:
             # vLLM's Anthropic endpoint streams with usage in every event
             response["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        if not include_reasoning:
+            response["reasoning_ended"] = True  # vLLM: no reasoning is parsed from the output
         return Rendered(
             response,
             len(parsed.images) + len(parsed.videos),
@@ -362,7 +370,9 @@ class RenderService:
             timings,
         )
 
-    async def render_text(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async def render_text(
+        self, body: dict[str, Any], *, header_id: str | None = None
+    ) -> list[dict[str, Any]]:
         """``/v1/completions/render``: one ``GenerateRequest`` per prompt (text or token ids).
 
         :raises ApiError: a missing or malformed prompt, or an unknown model.
@@ -371,7 +381,7 @@ class RenderService:
         refuse_unreproduced(body, "completion")
         out = []
         prompts = _prompts(body.get("prompt"))
-        base = _request_id(body, "completion")
+        base = _request_id(body, "completion", header_id)
         for i, p in enumerate(prompts):
             ids = await self.chat.aencode(p) if isinstance(p, str) else p
             ids = truncated(ids, body, self.defaults.max_model_len)
@@ -509,6 +519,11 @@ _UNREPRODUCED: dict[str, tuple[Any, str]] = {
     "logprob_token_ids": (None, "logprob_token_ids are not rendered"),
     "suffix": (None, "fill-in-the-middle completions are not rendered"),
     "prompt_embeds": (None, "prompt embeddings are not taken"),
+    "watermarking": (None, "watermarking is not rendered"),
+    "repetition_detection": (None, "repetition detection is not rendered"),
+    "routed_experts_prompt_start": (0, "routed_experts_prompt_start is not rendered"),
+    "return_token_offsets": (False, "token offsets are not rendered"),
+    "output_config": (None, "output_config is not rendered"),
 }
 _REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 
@@ -520,6 +535,9 @@ def refuse_unreproduced(body: Mapping[str, Any], api: str = "chat") -> None:
 
     :raises ApiError: 400 naming the field.
     """
+    side = body.get("truncation_side")
+    if side is not None and side not in ("left", "right"):  # checked with or without a cut
+        raise ApiError("'truncation_side' must be 'left' or 'right'", param="truncation_side")
     for key, (unset, why) in _UNREPRODUCED.items():
         value = body.get(key)
         if value is not None and value != unset and value != []:
@@ -576,14 +594,11 @@ def truncated(ids: list[int], body: Mapping[str, Any], max_model_len: int) -> li
         )
     if limit == -1:
         limit = max_model_len - 1
-    side = body.get("truncation_side") or "left"
-    if side not in ("left", "right"):
-        raise ApiError("'truncation_side' must be 'left' or 'right'", param="truncation_side")
     if limit == 0:
         raise ApiError("No token_ids rendered", param="truncate_prompt_tokens")  # vLLM's words
     if len(ids) <= limit:
         return ids
-    return ids[-limit:] if side == "left" else ids[:limit]
+    return ids[-limit:] if body.get("truncation_side") != "right" else ids[:limit]
 
 
 def _template_extras(body: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
@@ -626,12 +641,15 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     return [[lax_int(t, "prompt", lo=0) for t in prompt]]
 
 
-def _request_id(body: Mapping[str, Any], api: str) -> str:
-    """vLLM's request id: the API's prefix and the client's ``request_id`` (even an empty one),
-    else a random one."""
+def _request_id(body: Mapping[str, Any], api: str, header_id: str | None = None) -> str:
+    """vLLM's request id: the API's prefix and the client's id (an ``X-Request-Id`` header, else
+    the body's ``request_id``, even an empty one), else a random one. Responses take the
+    body's id as it is, and no header."""
     rid = body.get("request_id")
     if rid is not None and not isinstance(rid, str):
         raise ApiError("'request_id' must be a string", param="request_id")
+    if header_id is not None and api != "responses":
+        rid = header_id
     if rid is None:
         return f"{_ID_PREFIX[api] or 'resp_'}{random_hex(8)}"
     return _ID_PREFIX[api] + rid
@@ -749,10 +767,20 @@ def generate_request(
     salt = body.get("cache_salt")
     if salt is not None and not (isinstance(salt, str) and salt):
         raise ApiError("'cache_salt' must be a non-empty string if given", param="cache_salt")
+    if salt is not None and (len(salt) > 128 or any(c in salt for c in "@/\\\0")):
+        # vLLM's rule: a salt names cache entries, in keys that these characters delimit
+        raise ApiError(
+            "'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\' "
+            "or NUL",
+            param="cache_salt",
+        )
     kv_params = body.get("kv_transfer_params")
     if kv_params is not None and not isinstance(kv_params, dict):
         raise ApiError("'kv_transfer_params' must be an object", param="kv_transfer_params")
     return_ids = body.get("return_token_ids")
+    ec_params = body.get("ec_transfer_params")
+    if ec_params is not None and not isinstance(ec_params, dict):
+        raise ApiError("'ec_transfer_params' must be an object", param="ec_transfer_params")
     return {
         "request_id": request_id or f"aiomm-{random_hex(8)}",
         "token_ids": token_ids,
@@ -773,7 +801,7 @@ def generate_request(
         "cache_salt": salt,
         "priority": 0 if body.get("priority") is None else lax_int(body["priority"], "priority"),
         "kv_transfer_params": kv_params or None,  # vLLM hoists only a non-empty one
-        "ec_transfer_params": None,
+        "ec_transfer_params": ec_params or None,
     }
 
 

@@ -1,11 +1,12 @@
 """Scalar request fields read as vLLM's request models read them (pydantic's lax mode).
 
 vLLM validates a body with pydantic before rendering it: an integer field takes an int, a bool,
-a float without a fractional part or a string of an integer (``"7"``, ``5.0`` and ``true`` are
-7, 5 and 1), a float field a number or a numeric string, a bool field ``true``/``false``, 0/1
-or the words pydantic knows (``"no"`` is False). Anything else is a 400 naming the field. JSON
-numbers beyond 64 bits (which orjson parses as floats) are refused by the range check, so no
-value the response writer cannot write gets through.
+a float without a fractional part or a string of an integer (``"7"``, ``"7.0"``, ``5.0`` and
+``true`` are 7, 7, 5 and 1), a float field a number, a bool or a numeric string, a bool field
+``true``/``false``, 0/1 or the words pydantic knows (``"no"`` is False, ``" no"`` is not a
+word). Anything else is a 400 naming the field. JSON numbers beyond 64 bits (which orjson parses
+as floats) are refused by the range check, so no value the response writer cannot write gets
+through.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def lax_int(value: Any, param: str, *, lo: int = INT64_MIN, hi: int = INT64_MAX)
         number = int(value)
     elif isinstance(value, str):
         number = _parsed(value, int)
+        if number is None:  # "7.0" is 7, as pydantic reads it
+            whole = _parsed(value, float)
+            number = int(whole) if whole is not None and whole.is_integer() else None
     if number is None:
         raise ApiError(f"'{param}' must be an integer, got {_shown(value)}", param=param)
     if not lo <= number <= hi:
@@ -50,7 +54,7 @@ def lax_float(value: Any, param: str) -> float:
     :raises ApiError: 400 naming ``param``.
     """
     number: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, int | float):  # a bool too: true is 1.0
         number = float(value)
     elif isinstance(value, str):
         number = _parsed(value, float)
@@ -69,7 +73,7 @@ def lax_bool(value: Any, param: str) -> bool:
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
-        word = value.strip().lower()
+        word = value.lower()
         if word in _TRUE:
             return True
         if word in _FALSE:

@@ -525,6 +525,13 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
                 "vllm_xargs": {"a": 1},
             },
         ),
+        "chat_reasoning_off_and_ec_params": chat(
+            [user(text)], include_reasoning=False, ec_transfer_params={"a": 1}
+        ),
+        "chat_lax_numbers": chat([user(text)], temperature=True, max_tokens="7.0"),
+        "error_cache_salt_with_a_slash": chat([user(text)], cache_salt="a/b"),
+        "error_truncation_side_unknown": chat([user(text)], truncation_side="middle"),
+        "error_top_logprobs_a_string": chat([user(text)], logprobs=True, top_logprobs="2"),
         "error_greedy_with_n": chat([user(text)], temperature=0, n=2),
         "error_thinking_budget_a_string": chat([user(text)], thinking_token_budget="5"),
         "error_stop_empty_string": chat([user(text)], stop=[""]),
