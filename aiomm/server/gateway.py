@@ -1,8 +1,8 @@
 """Gateway mode: a rendered ``GenerateRequest`` -> the upstream's ``/inference/v1/generate``
 (``vllm serve --tokens-only``) -> an OpenAI chat or completion response, or its SSE stream.
 
-Generated token ids are detokenized with the model's tokenizer (incrementally when streaming, a
-chunk's text being what the growing decode added). Cancelling the caller closes the upstream
+Generated token ids are detokenized with the model's tokenizer (incrementally when streaming:
+:class:`IncrementalText`). Cancelling the caller closes the upstream
 connection, which makes vLLM abort the request. One choice per request and no log
 probabilities: a request asking for more (``n``, ``logprobs``, ``echo``) is refused rather than
 answered with less; ``skip_special_tokens`` and ``stream_options`` (``include_usage``,
@@ -17,12 +17,15 @@ from typing import Any
 
 import httpx
 import orjson
+from tokenizers.decoders import DecodeStream
+
+from aiomm.processing.tokenize import plain_backend
 
 from .errors import ApiError
 from .json_chunks import dumps as dumps_json
 from .request_values import flag
 
-__all__ = ("Upstream", "refuse_unanswerable")
+__all__ = ("IncrementalText", "Upstream", "refuse_unanswerable")
 
 #: sampling params the gateway's answers cannot carry
 _UNANSWERABLE = {
@@ -46,6 +49,42 @@ def refuse_unanswerable(gen: dict[str, Any], body: dict[str, Any]) -> None:
     for key, why in _UNANSWERABLE.items():
         if key in gen["sampling_params"]:
             raise ApiError(f"'{key}' is not supported by the gateway: it answers {why}", param=key)
+
+
+class IncrementalText:
+    """The text a growing list of generated token ids adds, step by step.
+
+    With a fast tokenizer, its backend's ``DecodeStream`` decodes only what each step adds (a
+    2,000-token answer costs about 1.5 ms in all, where decoding the whole prefix again at each
+    step cost 0.3 s, on the event loop); otherwise the whole prefix is decoded each step. Either
+    way an unfinished multi-byte character is held back until its last byte arrives.
+    """
+
+    def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        # the wrapper's decode cleans up spaces after the backend's when asked to: the stream
+        # would not
+        cleans = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self.backend = None if cleans else plain_backend(tokenizer)
+        self.stream = (
+            DecodeStream(skip_special_tokens=skip_special_tokens) if self.backend else None
+        )
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def add(self, ids: list[int]) -> str:
+        """The text ``ids`` add to what came before."""
+        self.ids.extend(ids)
+        if self.stream is not None:
+            pieces = (self.stream.step(self.backend, i) for i in ids)
+            return "".join(p for p in pieces if p)
+        text = str(self.tokenizer.decode(self.ids, skip_special_tokens=self.skip))
+        stable = text[:-1] if text.endswith("\ufffd") else text
+        if not stable.startswith(self.sent):
+            return ""
+        delta, self.sent = stable[len(self.sent) :], stable
+        return delta
 
 
 class Upstream:
@@ -137,7 +176,10 @@ class Upstream:
         rid, created = gen["request_id"], int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
         ids: list[int] = []
-        sent = ""
+        text = IncrementalText(
+            self.tokenizer,
+            skip_special_tokens=gen["sampling_params"].get("skip_special_tokens", True),
+        )
 
         options = gen.get("stream_options") or {}
         continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
@@ -191,11 +233,9 @@ class Upstream:
                         break
                     chunk = orjson.loads(payload)
                     choice = chunk["choices"][0]
-                    ids.extend(choice.get("token_ids") or [])
-                    text = self._decode(ids, gen)
-                    # hold back a trailing replacement char: a multi-byte character is unfinished
-                    stable = text[:-1] if text.endswith("\ufffd") else text
-                    delta, sent = stable[len(sent) :], stable if stable.startswith(sent) else sent
+                    new = list(choice.get("token_ids") or [])
+                    ids.extend(new)
+                    delta = text.add(new)
                     finish = choice.get("finish_reason")
                     if delta or finish:
                         yield event(delta, finish)

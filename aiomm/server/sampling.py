@@ -87,6 +87,8 @@ _MAX_TOKENS: dict[str, tuple[tuple[str, ...], int | None]] = {
 }
 #: vLLM raises a positive temperature below this to it; below ``_GREEDY_BELOW`` it samples greedily
 _MIN_TEMPERATURE = 1e-2
+#: vLLM's VLLM_MAX_N_SEQUENCES default
+_MAX_N = 16384
 _GREEDY_BELOW = 1e-5
 #: flags a request may set, the value that leaves them out of ``sampling_params``
 _FLAGS = (
@@ -118,8 +120,8 @@ def derive(
     stream = flag(body, "stream", False)
     out: dict[str, Any] = {}
     n = _int(body, "n", 1)
-    if n < 1:
-        raise ApiError(f"n must be at least 1, got {n}", param="n")
+    if not 1 <= n <= _MAX_N:
+        raise ApiError(f"n must be from 1 to {_MAX_N}, got {n}", param="n")
     if n != 1:
         out["n"] = n
     out["presence_penalty"] = _float(

@@ -322,3 +322,26 @@ def test_completion_echo_is_refused_and_continuous_usage_streams(
     assert all(c.usage is not None and c.usage.prompt_tokens == prompt for c in chunks)
     completion = [c.usage.completion_tokens for c in chunks]  # type: ignore[union-attr]
     assert completion == sorted(completion) and completion[-1] == len(script)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("skip", [True, False])
+def test_incremental_text_adds_up_to_the_whole_decode(
+    model_folder: Path, fast: bool, skip: bool
+) -> None:
+    from transformers import AutoTokenizer
+
+    from aiomm.server.gateway import IncrementalText
+
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    text = "A red car — 日本語 😀 on the road. " * 20
+    ids = [*tokenizer.encode(text, add_special_tokens=False), 151645]
+    whole = tokenizer.decode(ids, skip_special_tokens=skip)
+    for size in (1, 3):
+        stream = IncrementalText(tokenizer, skip_special_tokens=skip)
+        if not fast:
+            stream.stream = None  # the whole-prefix path a slow tokenizer takes
+        assert (stream.stream is not None) == fast
+        deltas = [stream.add(ids[i : i + size]) for i in range(0, len(ids), size)]
+        assert "".join(deltas) == whole
+        assert all("\ufffd" not in d for d in deltas)  # no half characters sent
