@@ -59,22 +59,10 @@ class ChatRenderer:
         """Token ids of plain text (no special tokens added)."""
         return encode_plain(self.tokenizer, text)
 
-    async def arender(
-        self,
-        conversation: list[dict[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        kwargs: Mapping[str, Any] | None = None,
-    ) -> list[int]:
-        """:meth:`render`, in a worker thread when the conversation's text is long."""
-        call = functools.partial(
-            self.render,
-            conversation,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            kwargs=kwargs,
-        )
+    async def arender(self, conversation: list[dict[str, Any]], **options: Any) -> list[int]:
+        """:meth:`render` (the same keyword options), in a worker thread when the
+        conversation's text is long."""
+        call = functools.partial(self.render, conversation, **options)
         if _text_chars(conversation) <= LONG_TEXT_CHARS:
             return call()
         return await anyio.to_thread.run_sync(call)
