@@ -11,7 +11,7 @@ would stall every other request for as long.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -72,6 +72,13 @@ class ChatRenderer:
         if len(text) <= LONG_TEXT_CHARS:
             return self.encode(text)
         return await anyio.to_thread.run_sync(self.encode, text)
+
+    async def aencode_all(self, texts: Sequence[str]) -> list[list[int]]:
+        """:meth:`encode` of each text, in one worker thread when their total is long (a batch
+        of texts each below the bound would otherwise hold the event loop for all of them)."""
+        if sum(len(t) for t in texts) <= LONG_TEXT_CHARS:
+            return [self.encode(t) for t in texts]
+        return await anyio.to_thread.run_sync(lambda: [self.encode(t) for t in texts])
 
 
 def _text_chars(conversation: list[dict[str, Any]]) -> int:

@@ -56,8 +56,11 @@ class IncrementalText:
 
     With a fast tokenizer, its backend's ``DecodeStream`` decodes only what each step adds (a
     2,000-token answer costs about 1.5 ms in all, where decoding the whole prefix again at each
-    step cost 0.3 s, on the event loop); otherwise the whole prefix is decoded each step. Either
-    way an unfinished multi-byte character is held back until its last byte arrives.
+    step cost 0.3 s, on the event loop); otherwise the whole prefix is decoded each step, without
+    the wrapper's clean-up of spaces (which would rewrite text already sent). Either
+    way an unfinished multi-byte character is held back until its last byte arrives. A model
+    that emits bytes that are not UTF-8 (byte-fallback tokenizers) restarts the stream at that
+    token instead of ending the response, as vLLM's detokenizer does.
     """
 
     def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True) -> None:
@@ -77,14 +80,38 @@ class IncrementalText:
         """The text ``ids`` add to what came before."""
         self.ids.extend(ids)
         if self.stream is not None:
-            pieces = (self.stream.step(self.backend, i) for i in ids)
+            pieces = (self._step(i) for i in ids)
             return "".join(p for p in pieces if p)
-        text = str(self.tokenizer.decode(self.ids, skip_special_tokens=self.skip))
+        # without the wrapper's clean-up, which rewrites text already sent ("don '" becomes
+        # "don't" once the "t" arrives); vLLM's incremental detokenizer does not clean up either
+        text = str(
+            self.tokenizer.decode(
+                self.ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False
+            )
+        )
         stable = text[:-1] if text.endswith("\ufffd") else text
-        if not stable.startswith(self.sent):
-            return ""
-        delta, self.sent = stable[len(self.sent) :], stable
+        # a decoder that still changes sent text: what was sent stays sent, the stream goes on
+        delta = stable[len(self.sent) :]
+        if delta:
+            self.sent = stable
         return delta
+
+    def _step(self, token_id: int) -> str | None:
+        assert self.stream is not None and self.backend is not None
+        try:
+            return self.stream.step(self.backend, token_id)
+        except (OverflowError, TypeError):  # an id no token can have (beyond 32 bits)
+            return None
+        except Exception as exc:
+            if not str(exc).startswith(_INVALID_PREFIX):
+                raise
+            # bytes that are not UTF-8 break the stream's state: start again at this token
+            self.stream = DecodeStream(skip_special_tokens=self.skip)
+            return self.stream.step(self.backend, token_id)
+
+
+#: how ``tokenizers``' DecodeStream reports a prefix it can no longer extend
+_INVALID_PREFIX = "Invalid prefix encountered"
 
 
 class Upstream:

@@ -290,6 +290,14 @@ class RenderService:
         template_kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(template_kwargs, dict):
             raise ApiError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+        # a template of the client's own would run on the server (and is refused at the top
+        # level); ``tokenize`` would change what the template call returns. vLLM's words:
+        if unexpected := sorted(_TEMPLATE_KWARGS_REFUSED & template_kwargs.keys()):
+            raise ApiError(
+                "Found unexpected chat template kwargs from request: "
+                + "{" + ", ".join(repr(k) for k in unexpected) + "}",
+                param="chat_template_kwargs",
+            )  # fmt: skip
         add_gen = flag(body, "add_generation_prompt", True)
         cont = flag(body, "continue_final_message", False)
         template_kwargs = {**template_kwargs, **_template_extras(body, template_kwargs)}
@@ -308,26 +316,7 @@ class RenderService:
                     param="truncate_prompt_tokens",
                 )
             prompt_ids = truncated(prompt_ids, body, self.defaults.max_model_len)
-        features = None
-        cache_hits = 0
-        timings: dict[str, float] = {}
-        if parsed.images or parsed.videos:
-            # the body's fields are checked before its media are fetched, as vLLM checks them
-            derive(body, self.defaults, len(prompt_ids), api=api)
-            generate_request([], None, model=model, sampling_params={}, body=body)
-            _request_id(body, api, header_id)
-            try:
-                with anyio.fail_after(self.limits.timeout_s):
-                    features, prompt_ids, cache_hits, timings = await self._features(
-                        parsed.images, parsed.videos, prompt_ids, tensors=payload == "tensors"
-                    )
-            except TimeoutError:
-                raise ApiError(
-                    f"the request's media took longer than {self.limits.timeout_s} s",
-                    status=408,
-                    type="TimeoutError",
-                ) from None
-        sampling = derive(body, self.defaults, len(prompt_ids), api=api)
+        # read before the media are fetched: a bad field is a 400 without a fetch
         tool_choice = _TOOL_CHOICE[api]
         include_reasoning = flag(body, "include_reasoning", True)
         if not include_reasoning and tool_choice is None:
@@ -349,6 +338,26 @@ class RenderService:
                 },
                 "history_tool_call_cnt": 0,
             }
+        features = None
+        cache_hits = 0
+        timings: dict[str, float] = {}
+        if parsed.images or parsed.videos:
+            # the body's fields are checked before its media are fetched, as vLLM checks them
+            derive(body, self.defaults, len(prompt_ids), api=api)
+            generate_request([], None, model=model, sampling_params={}, body=body)
+            _request_id(body, api, header_id)
+            try:
+                with anyio.fail_after(self.limits.timeout_s):
+                    features, prompt_ids, cache_hits, timings = await self._features(
+                        parsed.images, parsed.videos, prompt_ids, tensors=payload == "tensors"
+                    )
+            except TimeoutError:
+                raise ApiError(
+                    f"the request's media took longer than {self.limits.timeout_s} s",
+                    status=408,
+                    type="TimeoutError",
+                ) from None
+        sampling = derive(body, self.defaults, len(prompt_ids), api=api)
         response = generate_request(
             prompt_ids,
             features,
@@ -382,8 +391,9 @@ class RenderService:
         out = []
         prompts = _prompts(body.get("prompt"))
         base = _request_id(body, "completion", header_id)
+        texts = iter(await self.chat.aencode_all([p for p in prompts if isinstance(p, str)]))
         for i, p in enumerate(prompts):
-            ids = await self.chat.aencode(p) if isinstance(p, str) else p
+            ids = next(texts) if isinstance(p, str) else p
             ids = truncated(ids, body, self.defaults.max_model_len)
             if not ids:
                 raise ApiError("a prompt rendered no token ids", param="prompt")
@@ -496,6 +506,8 @@ class RenderService:
 
 
 #: per API: the parse context's default ``tool_choice`` ("" for null; None: no parse context)
+#: ``chat_template_kwargs`` keys vLLM refuses
+_TEMPLATE_KWARGS_REFUSED = frozenset({"chat_template", "tokenize"})
 _TOOL_CHOICE: dict[str, str | None] = {"chat": "none", "messages": "", "responses": None}
 #: per API: the prefix of a request id (a Responses body's own id is taken as it is)
 _ID_PREFIX = {"chat": "chatcmpl-", "messages": "chatcmpl-", "completion": "cmpl-", "responses": ""}

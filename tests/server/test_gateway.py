@@ -345,3 +345,68 @@ def test_incremental_text_adds_up_to_the_whole_decode(
         deltas = [stream.add(ids[i : i + size]) for i in range(0, len(ids), size)]
         assert "".join(deltas) == whole
         assert all("\ufffd" not in d for d in deltas)  # no half characters sent
+
+
+def _byte_fallback_tokenizer() -> Any:
+    """A Llama-style tokenizer whose byte tokens can spell bytes that are not UTF-8."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab |= {f"<0x{b:02X}>": 3 + b for b in range(256)}
+    for piece in ("▁a", "▁hello", "a", "b", "▁", "▁world", "世", "界", "!"):
+        vocab[piece] = len(vocab)
+    backend = Tokenizer(
+        models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    )
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    backend.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+    )  # fmt: skip
+
+
+def test_incremental_text_survives_bytes_that_are_not_utf8() -> None:
+    from aiomm.server.gateway import IncrementalText
+
+    tokenizer = _byte_fallback_tokenizer()
+    hello = tokenizer.convert_tokens_to_ids("▁hello")
+    # "nwE", then 0xE2 (opens a three-byte character) that "+" cannot continue, a lone 0xA0:
+    # the stream's text so far can no longer be extended once "▁hello" follows
+    broken = [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in b"nwE\xe2+&\xa0"]
+    ids = [*broken, hello, tokenizer.convert_tokens_to_ids("!"), hello]
+    stream = IncrementalText(tokenizer)
+    assert stream.stream is not None  # the DecodeStream path
+    text = "".join(stream.add([i]) for i in ids)
+    assert text.startswith("nwE")
+    assert text.endswith("hello! hello")  # the stream went on past the broken bytes
+
+
+def test_incremental_text_keeps_going_after_the_clean_up_rewrites_sent_text() -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from aiomm.server.gateway import IncrementalText
+
+    vocab = {"[UNK]": 0, "don": 1, "'": 2, "t": 3, ".": 4, "it": 5, "s": 6, "world": 7}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", clean_up_tokenization_spaces=True
+    )
+    ids = tokenizer.encode("don't it's world.", add_special_tokens=False)
+    stream = IncrementalText(tokenizer)
+    assert stream.stream is None  # the clean-up needs the whole-prefix path
+    deltas = [stream.add([i]) for i in ids]
+    # streamed without the clean-up, which would turn "don '" (sent) into "don't" afterwards
+    assert "".join(deltas) == tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    assert "".join(deltas).endswith(" world.")

@@ -73,6 +73,38 @@ BAD: dict[str, tuple[str, dict[str, Any], str | None, str]] = {
         "chat_template_kwargs",
         "object",
     ),
+    # a template of the client's own, slipped in through the kwargs (vLLM refuses it too)
+    "chat_template_in_the_kwargs": (
+        CASE["path"],
+        _chat(chat_template_kwargs={"chat_template": "{{ 'INJECTED' }}"}),
+        "chat_template_kwargs",
+        "unexpected chat template kwargs",
+    ),
+    "tokenize_in_the_kwargs": (
+        ANTHROPIC["path"],
+        _anthropic(lambda b: b.update(chat_template_kwargs={"tokenize": True})),
+        "chat_template_kwargs",
+        "'tokenize'",
+    ),
+    # checked before the media are fetched: the field's 400, not the (unreachable) URL's
+    "parallel_tool_calls_a_word_with_a_url": (
+        CASE["path"],
+        {
+            **_parts({"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.jpg"}}),
+            "parallel_tool_calls": "maybe",
+        },
+        "parallel_tool_calls",
+        "parallel_tool_calls",
+    ),
+    "include_reasoning_a_word_with_a_url": (
+        CASE["path"],
+        {
+            **_parts({"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.jpg"}}),
+            "include_reasoning": "maybe",
+        },
+        "include_reasoning",
+        "include_reasoning",
+    ),
     "priority_a_word": (CASE["path"], _chat(priority="abc"), "priority", "integer"),
     "priority_beyond_64_bits": (CASE["path"], _chat(priority=10**20), "priority", "got"),
     "stop_token_ids_an_int": (CASE["path"], _chat(stop_token_ids=5), "stop_token_ids", "list"),
@@ -395,5 +427,13 @@ def test_long_prompt_text_is_rendered_off_the_event_loop(
         # per text: arender's encode, the direct render's (on the loop), aencode's
         on_loop = [t is loop_thread for t in threads]
         assert on_loop == [True, True, True, False, True, False]
+        # a batch of completion prompts, each below the bound, together above it
+        threads.clear()
+        batch = ["hi " * (LONG_TEXT_CHARS // 6)] * 3
+        assert await chat.aencode_all(batch) == [encode(t) for t in batch]
+        assert [t is loop_thread for t in threads] == [False, False, False]
+        threads.clear()
+        assert await chat.aencode_all([short, short]) == [encode(short)] * 2
+        assert [t is loop_thread for t in threads] == [True, True]
 
     anyio.run(main)
