@@ -69,9 +69,7 @@ class ChatRenderer:
 
     async def aencode(self, text: str) -> list[int]:
         """:meth:`encode`, in a worker thread when ``text`` is long."""
-        if len(text) <= LONG_TEXT_CHARS:
-            return self.encode(text)
-        return await anyio.to_thread.run_sync(self.encode, text)
+        return (await self.aencode_all([text]))[0]
 
     async def aencode_all(self, texts: Sequence[str]) -> list[list[int]]:
         """:meth:`encode` of each text, in one worker thread when their total is long (a batch

@@ -73,6 +73,7 @@ class IncrementalText:
         self.stream = (
             DecodeStream(skip_special_tokens=skip_special_tokens) if self.backend else None
         )
+        #: every id added so far
         self.ids: list[int] = []
         self.sent = ""
 
@@ -202,7 +203,6 @@ class Upstream:
         gen = {**gen, "stream": True}
         rid, created = gen["request_id"], int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
-        ids: list[int] = []
         text = IncrementalText(
             self.tokenizer,
             skip_special_tokens=gen["sampling_params"].get("skip_special_tokens", True),
@@ -237,7 +237,7 @@ class Upstream:
                 "choices": [choice],
             }
             if continuous:  # usage so far in every chunk, as vLLM's continuous_usage_stats
-                obj["usage"] = self._usage(len(gen["token_ids"]), len(ids))
+                obj["usage"] = self._usage(len(gen["token_ids"]), len(text.ids))
             return b"data: " + orjson.dumps(obj) + b"\n\n"
 
         if chat:
@@ -260,9 +260,7 @@ class Upstream:
                         break
                     chunk = orjson.loads(payload)
                     choice = chunk["choices"][0]
-                    new = list(choice.get("token_ids") or [])
-                    ids.extend(new)
-                    delta = text.add(new)
+                    delta = text.add(choice.get("token_ids") or [])
                     finish = choice.get("finish_reason")
                     if delta or finish:
                         yield event(delta, finish)
@@ -279,7 +277,7 @@ class Upstream:
                     "created": created,
                     "model": model,
                     "choices": [],
-                    "usage": self._usage(len(gen["token_ids"]), len(ids)),
+                    "usage": self._usage(len(gen["token_ids"]), len(text.ids)),
                 }
                 yield b"data: " + orjson.dumps(usage) + b"\n\n"
         yield b"data: [DONE]\n\n"

@@ -387,6 +387,7 @@ class RenderService:
         :raises ApiError: a missing or malformed prompt, or an unknown model.
         """
         model = self.check_model(body)
+        body = own_fields(body, "completion")  # what the completion model lacks is ignored
         refuse_unreproduced(body, "completion")
         out = []
         prompts = _prompts(body.get("prompt"))
@@ -505,9 +506,9 @@ class RenderService:
         return feats, result.prompt_token_ids, hits, result.timings
 
 
-#: per API: the parse context's default ``tool_choice`` ("" for null; None: no parse context)
 #: ``chat_template_kwargs`` keys vLLM refuses
 _TEMPLATE_KWARGS_REFUSED = frozenset({"chat_template", "tokenize"})
+#: per API: the parse context's default ``tool_choice`` ("" for null; None: no parse context)
 _TOOL_CHOICE: dict[str, str | None] = {"chat": "none", "messages": "", "responses": None}
 #: per API: the prefix of a request id (a Responses body's own id is taken as it is)
 _ID_PREFIX = {"chat": "chatcmpl-", "messages": "chatcmpl-", "completion": "cmpl-", "responses": ""}
@@ -537,12 +538,6 @@ _UNREPRODUCED: dict[str, tuple[Any, str]] = {
     "return_token_offsets": (False, "token offsets are not rendered"),
     "output_config": (None, "output_config is not rendered"),
 }
-#: fields above that vLLM 0.33's chat or completion request model lacks (the Responses and
-#: Anthropic bodies are cut to their own fields before: :func:`.request_fields.own_fields`)
-_NOT_IN_MODEL: dict[str, frozenset[str]] = {
-    "chat": frozenset({"suffix", "prompt_embeds", "output_config"}),
-    "completion": frozenset({"tools", "chat_template", "mm_processor_kwargs", "output_config"}),
-}
 _REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 
 
@@ -556,10 +551,7 @@ def refuse_unreproduced(body: Mapping[str, Any], api: str = "chat") -> None:
     side = body.get("truncation_side")
     if side is not None and side not in ("left", "right"):  # checked with or without a cut
         raise ApiError("'truncation_side' must be 'left' or 'right'", param="truncation_side")
-    foreign = _NOT_IN_MODEL.get(api, frozenset())
     for key, (unset, why) in _UNREPRODUCED.items():
-        if key in foreign:
-            continue  # vLLM's model for this API has no such field: ignored, as pydantic does
         value = body.get(key)
         if value is not None and value != unset and value != []:
             raise ApiError(f"'{key}' is not supported: {why}", param=key)

@@ -3,8 +3,8 @@
 A body is read through its API's request model, and pydantic ignores a field the model does not
 have: ``n`` in a Responses body or ``seed`` in an Anthropic one changes nothing in vLLM's
 answer. :func:`own_fields` keeps only a body's own fields, so that aiomm reads what vLLM reads.
-Chat and completion bodies keep every field (their models are the widest, and what they lack is
-never read).
+Chat and completion bodies lose only the few fields aiomm would otherwise act on that their
+models lack (their models are the widest, and nothing else they lack is read).
 """
 
 from __future__ import annotations
@@ -35,10 +35,23 @@ _FIELDS: dict[str, frozenset[str]] = {
 }
 
 
+#: fields of other APIs' models that vLLM 0.33's chat or completion model lacks, and that aiomm
+#: would otherwise refuse or read
+_LACKS: dict[str, frozenset[str]] = {
+    "chat": frozenset({"suffix", "prompt_embeds", "output_config"}),
+    "completion": frozenset(
+        {"tools", "chat_template", "mm_processor_kwargs", "output_config", "top_logprobs"}
+    ),
+}
+
+
 def own_fields(body: dict[str, Any], api: str) -> dict[str, Any]:
     """``body`` without the fields ``api``'s request model does not have (``api``:
     ``"chat"``, ``"completion"``, ``"responses"`` or ``"messages"``)."""
     fields = _FIELDS.get(api)
-    if fields is None:
+    if fields is not None:
+        return {k: v for k, v in body.items() if k in fields}
+    lacks = _LACKS.get(api, frozenset())
+    if lacks.isdisjoint(body):  # the usual body: no copy
         return body
-    return {k: v for k, v in body.items() if k in fields}
+    return {k: v for k, v in body.items() if k not in lacks}

@@ -272,9 +272,8 @@ def _logprobs(body: dict[str, Any], api: str, stream: bool) -> tuple[int | None,
     if api not in ("chat", "completion"):
         return None, None
     # vLLM's before-validators take numbers only for these, no numeric strings (chat's
-    # ``logprobs`` is a lax bool; completions have no ``top_logprobs``)
-    numbers = ("prompt_logprobs", "top_logprobs" if api == "chat" else "logprobs")
-    for key in numbers:
+    # ``logprobs`` is a lax bool)
+    for key in ("prompt_logprobs", "top_logprobs" if api == "chat" else "logprobs"):
         if isinstance(body.get(key), str):
             raise ApiError(f"`{key}` must be an integer", param=key)
     prompt = _int(body, "prompt_logprobs", 0) if body.get("prompt_logprobs") is not None else None

@@ -475,3 +475,13 @@ def test_fields_vllm_ignores_or_reads_laxly_render_as_in_vllm(
         for item in doc if isinstance(doc, list) else [doc]:
             item.pop("request_id")
     assert docs[1] == docs[0]
+
+
+def test_own_fields_copies_a_chat_or_completion_body_only_when_it_drops_a_field() -> None:
+    from aiomm.server.request_fields import own_fields
+
+    body = _chat()
+    assert own_fields(body, "chat") is body  # the usual body, on every request: no copy
+    assert own_fields({**body, "suffix": "x"}, "chat") == body
+    assert own_fields({"prompt": "x", "top_logprobs": "3"}, "completion") == {"prompt": "x"}
+    assert own_fields({"prompt": "x", "top_logprobs": 3}, "chat")["top_logprobs"] == 3
