@@ -11,6 +11,7 @@ that disconnects cancels its request's work.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -43,6 +44,19 @@ from .sampling import SamplingDefaults
 from .video_media import video_loader
 
 __all__ = ("ServerConfig", "create_app", "model_folder")
+
+#: the fields of vLLM's ``TokenizeChatRequest`` its chat route renders
+_TOKENIZE_CHAT_FIELDS = (
+    "model",
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "chat_template_kwargs",
+    "media_io_kwargs",
+    "mm_processor_kwargs",
+)
 
 log = get_logger(__name__)
 
@@ -318,7 +332,15 @@ def create_app(config: ServerConfig) -> Starlette:
 
     async def messages_render(request: Request, body: dict[str, Any]) -> Response:
         return _render_json(
-            await _render(body, parse_anthropic, api="messages", header_id=_header_id(request))
+            await _render(
+                body,
+                functools.partial(
+                    parse_anthropic,
+                    merge_inline_system=state().service.chat.merges_inline_system,
+                ),
+                api="messages",
+                header_id=_header_id(request),
+            )
         )
 
     async def completions_render(request: Request, body: dict[str, Any]) -> Response:
@@ -328,11 +350,17 @@ def create_app(config: ServerConfig) -> Starlette:
         s = state().service
         s.check_model(body)
         if "messages" in body:
-            parsed = parse_chat(body)
-            ids = await s.chat.arender(
-                parsed.conversation,
-                add_generation_prompt=flag(body, "add_generation_prompt", True),
-            )
+            # vLLM's validator reads the raw JSON: only an explicit add_generation_prompt clashes
+            if body.get("continue_final_message") and body.get("add_generation_prompt"):
+                raise ApiError(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                )
+            # rendered as a chat request, images expanded (vLLM's preprocess_chat), no payload
+            chat = {k: body[k] for k in _TOKENIZE_CHAT_FIELDS if k in body}
+            if chat.get("tools") == []:  # /tokenize takes an empty list the chat route refuses
+                del chat["tools"]
+            rendered = await s.render(parse_chat(chat), {**chat, "mm_payload": "none"})
+            ids = rendered.response["token_ids"]
         elif isinstance(body.get("prompt"), str):
             ids = await s.chat.aencode(body["prompt"])
         else:

@@ -15,6 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
 
 from aiomm.processing.tokenize import LONG_TEXT_CHARS, encode_plain
 
@@ -28,8 +31,14 @@ class ChatRenderer:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        if getattr(tokenizer, "chat_template", None) is None:
+        template = getattr(tokenizer, "chat_template", None)
+        if template is None:
             raise ApiError("the model folder has no chat template", status=500)
+        # vLLM's test: a template that names the role (quoted) renders developer messages
+        texts = template.values() if isinstance(template, dict) else (template,)
+        self._template_has_developer = any(
+            '"developer"' in t or "'developer'" in t for t in texts if isinstance(t, str)
+        )
 
     def render(
         self,
@@ -43,6 +52,19 @@ class ChatRenderer:
 
         :raises ApiError: the template rejected the conversation.
         """
+        if not self._template_has_developer and any(
+            m.get("role") == "developer" for m in conversation
+        ):
+            conversation = _developer_as_system(conversation)
+        if continue_final_message and not _has_text_part(conversation[-1].get("content")):
+            raise ApiError(
+                "continue_final_message is set but we could not find any text to continue in "
+                "the final message!"
+            )  # transformers' words, as vLLM answers
+        # vLLM's parser turns a missing content into no parts, which templates show as empty
+        conversation = [
+            {**m, "content": ""} if m.get("content") is None else m for m in conversation
+        ]
         try:
             text = self.tokenizer.apply_chat_template(
                 conversation,
@@ -52,8 +74,16 @@ class ChatRenderer:
                 **dict(kwargs or {}),
             )
         except Exception as exc:  # jinja raises from inside the template on bad input
-            raise ApiError(f"the chat template rejected the request: {exc}") from exc
+            raise ApiError(_template_error_reason(exc)) from exc  # vLLM's words: the reason
         return self.encode(text)
+
+    @functools.cached_property
+    def merges_inline_system(self) -> bool:
+        """Whether the template wants its system message first, as vLLM's Anthropic API probes
+        it: rendering ``[system, user, system, user]`` raises (Qwen's ``loop.first`` guard)."""
+        template = self.tokenizer.chat_template
+        texts = template.values() if isinstance(template, dict) else (template,)
+        return any(_rejects_inline_system(t) for t in texts if isinstance(t, str))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
@@ -77,6 +107,68 @@ class ChatRenderer:
         if sum(len(t) for t in texts) <= LONG_TEXT_CHARS:
             return [self.encode(t) for t in texts]
         return await anyio.to_thread.run_sync(lambda: [self.encode(t) for t in texts])
+
+
+def _template_error_reason(exc: BaseException) -> str:
+    """The most specific reason in a template error's chain (a jinja error's own message), as
+    vLLM reports it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, jinja2.TemplateError):
+            return str(current)
+        current = current.__cause__ or current.__context__
+    return str(exc)
+
+
+def _rejects_inline_system(template: str) -> bool:
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    probe = [{"role": r, "content": "t"} for r in ("system", "user", "system", "user")]
+    try:
+        environment.from_string(template).render(messages=probe, add_generation_prompt=False)
+    except jinja2.TemplateError:
+        return True
+    return False
+
+
+def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``developer`` messages as ``system`` ones, for a template that does not know the role, as
+    vLLM's ``safe_apply_chat_template`` rewrites them: when the conversation then has a system
+    message after its first or more than one, all of them become one at its start, their texts
+    joined by blank lines (a message's text parts by newlines; empty texts and other parts
+    dropped)."""
+    texts: list[str] = []
+    others: list[dict[str, Any]] = []
+    merge = False
+    for i, message in enumerate(conversation):
+        if message.get("role") not in ("system", "developer"):
+            others.append(message)
+            continue
+        merge = merge or i > 0 or bool(texts)
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(
+                part if isinstance(part, str) else part["text"]
+                for part in content
+                if isinstance(part, str) or (isinstance(part, dict) and "text" in part)
+            )
+        if content:
+            texts.append(content)
+    if not merge:
+        return [
+            {**m, "role": "system"} if m.get("role") == "developer" else m for m in conversation
+        ]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others]
+
+
+def _has_text_part(content: Any) -> bool:
+    """Whether transformers finds text to continue: a string (even empty) or a text part."""
+    if isinstance(content, list):
+        return any(isinstance(p, dict) and "text" in p for p in content)
+    return isinstance(content, str)
 
 
 def _text_chars(conversation: list[dict[str, Any]]) -> int:

@@ -33,6 +33,7 @@ from aiomm.errors import (
     DecodeError,
     DownloadTooLargeError,
     InvalidSourceError,
+    ItemCountMismatchError,
 )
 from aiomm.fetch import MediaFetcher
 from aiomm.processing.fields import (
@@ -53,7 +54,7 @@ from .json_chunks import PiecesString
 from .kwargs_codec import Field, WireRows, encode_item_pieces
 from .media import VllmDecoder, converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
-from .request_fields import own_fields
+from .request_fields import own_fields, refuse_nulls
 from .request_values import flag, lax_bool, lax_int
 from .sampling import SamplingDefaults, derive
 from .video_media import VIDEOS_PER_PROMPT, hash_metadata, video_loader
@@ -173,19 +174,29 @@ class RenderService:
 
     # ------------------------------------------------------------------ helpers
 
-    def check_model(self, body: dict[str, Any]) -> str:
-        """The served name of the request's model (the first when none is given).
+    def check_model(self, body: dict[str, Any], api: str = "chat") -> str | None:
+        """The request's model as it names it, which its ``GenerateRequest`` echoes: None or
+        ``""`` (vLLM then serves its model; Anthropic's API requires a name) or a served name.
 
-        :raises ApiError: 404 for an unknown model, 400 for a model that is not a string.
+        :raises ApiError: 404 for an unknown model, 400 for a model that is not a string or, on
+            the Anthropic API, a missing or empty one.
         """
         model = body.get("model")
-        if model is None:
-            return self.served_names[0]
-        if not isinstance(model, str):
+        if api == "messages" and model in (None, ""):
+            # pydantic's and the Anthropic model's validator's words, as vLLM answers
+            raise ApiError(
+                "Field required"
+                if "model" not in body
+                else "Input should be a valid string"
+                if model is None
+                else "Model is required",
+                param="model",
+            )
+        if model is not None and not isinstance(model, str):
             raise ApiError("'model' must be a string", param="model")
-        if model not in self.served_names:
+        if model and model not in self.served_names:
             raise ApiError(f"The model `{model}` does not exist.", status=404, param="model")
-        return str(model)
+        return model
 
     async def _media_bytes(self, part: ImagePart) -> bytes:
         try:
@@ -251,8 +262,9 @@ class RenderService:
 
         :raises ApiError: a 4xx for the client's mistakes, 5xx for ours.
         """
-        model = self.check_model(body)
+        model = self.check_model(body, api)
         body = own_fields(body, api)  # what the API's request model lacks, vLLM never reads
+        refuse_nulls(body, api)
         refuse_unreproduced(body, api)
         payload = body.get("mm_payload", "tensors")
         if body.get("return_mm_kwargs") is False:
@@ -300,6 +312,8 @@ class RenderService:
             )  # fmt: skip
         add_gen = flag(body, "add_generation_prompt", True)
         cont = flag(body, "continue_final_message", False)
+        if parsed.continue_final:
+            add_gen, cont = False, True
         template_kwargs = {**template_kwargs, **_template_extras(body, template_kwargs)}
         prompt_ids = await self.chat.arender(
             parsed.conversation,
@@ -308,21 +322,15 @@ class RenderService:
             # the request's own flags win over the same keys in its template kwargs (vLLM's merge)
             kwargs={k: v for k, v in template_kwargs.items() if k not in _TEMPLATE_FLAGS},
         )
+        uncut = len(prompt_ids)
         if body.get("truncate_prompt_tokens") is not None:
-            if parsed.images or parsed.videos:
-                raise ApiError(
-                    "'truncate_prompt_tokens' is not supported with images or videos: vLLM cuts "
-                    "the prompt before its placeholders are expanded",
-                    param="truncate_prompt_tokens",
-                )
+            # before the placeholders are expanded, then again after (vLLM cuts twice)
             prompt_ids = truncated(prompt_ids, body, self.defaults.max_model_len)
         # read before the media are fetched: a bad field is a 400 without a fetch
         tool_choice = _TOOL_CHOICE[api]
         include_reasoning = flag(body, "include_reasoning", True)
-        if not include_reasoning and tool_choice is None:
-            raise ApiError(
-                "'include_reasoning' is not supported for this API", param="include_reasoning"
-            )
+        if tool_choice is None:  # Responses: read, and nothing in vLLM's answer changes
+            include_reasoning = True
         parse_context = None
         if tool_choice is not None:
             parse_context = {
@@ -336,7 +344,7 @@ class RenderService:
                     "add_generation_prompt": add_gen,
                     "continue_final_message": cont,
                 },
-                "history_tool_call_cnt": 0,
+                "history_tool_call_cnt": parsed.tool_calls,
             }
         features = None
         cache_hits = 0
@@ -357,6 +365,19 @@ class RenderService:
                     status=408,
                     type="TimeoutError",
                 ) from None
+            except ApiError as exc:
+                cut_a_placeholder = isinstance(exc.__cause__, ItemCountMismatchError)
+                if not cut_a_placeholder or len(prompt_ids) == uncut:
+                    raise
+                # vLLM answers 500 ("Failed to apply prompt replacement"): the client's cut
+                raise ApiError(
+                    f"truncate_prompt_tokens={body['truncate_prompt_tokens']} cut the prompt's "
+                    "placeholder of a multimodal item before the placeholders were expanded. "
+                    "Please raise truncate_prompt_tokens or shorten the multimodal input.",
+                    param="truncate_prompt_tokens",
+                ) from exc
+        if features is not None and body.get("truncate_prompt_tokens") is not None:
+            prompt_ids = truncated_expanded(prompt_ids, features, body, self.defaults.max_model_len)
         sampling = derive(body, self.defaults, len(prompt_ids), api=api)
         response = generate_request(
             prompt_ids,
@@ -388,6 +409,7 @@ class RenderService:
         """
         model = self.check_model(body)
         body = own_fields(body, "completion")  # what the completion model lacks is ignored
+        refuse_nulls(body, "completion")
         refuse_unreproduced(body, "completion")
         out = []
         prompts = _prompts(body.get("prompt"))
@@ -524,7 +546,7 @@ _UNREPRODUCED: dict[str, tuple[Any, str]] = {
         "without --trust-request-chat-template)",
     ),
     "mm_processor_kwargs": (
-        None,
+        {},  # vLLM refuses only a non-empty one
         "per-request processor kwargs are refused (as vLLM refuses them by default)",
     ),
     "use_beam_search": (False, "Beam search is not supported by the render endpoint"),
@@ -536,7 +558,7 @@ _UNREPRODUCED: dict[str, tuple[Any, str]] = {
     "repetition_detection": (None, "repetition detection is not rendered"),
     "routed_experts_prompt_start": (0, "routed_experts_prompt_start is not rendered"),
     "return_token_offsets": (False, "token offsets are not rendered"),
-    "output_config": (None, "output_config is not rendered"),
+    "output_config": ({}, "output_config is not rendered"),  # an empty one changes nothing
 }
 _REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 
@@ -558,10 +580,15 @@ def refuse_unreproduced(body: Mapping[str, Any], api: str = "chat") -> None:
     if api == "messages":
         if body.get("max_tokens") is None:
             raise ApiError("'max_tokens' is required", param="max_tokens")
-        if body.get("thinking") is not None:
-            raise ApiError("'thinking' is not supported: it is not rendered", param="thinking")
+        thinking = body.get("thinking")
+        if thinking is not None and not (
+            isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+        ):  # "disabled" sets a reasoning effort vLLM probes the template for
+            raise ApiError(
+                "'thinking' is not supported unless enabled or adaptive", param="thinking"
+            )
     choice = body.get("tool_choice") if api in ("chat", "messages") else None
-    if choice is not None and choice != "none" and choice != {"type": "none"}:
+    if choice is not None and choice != "none" and not _anthropic_choice_none(choice):
         raise ApiError(  # vLLM's words: tools themselves are refused above
             "When using `tool_choice`, `tools` must be set.", param="tool_choice"
         )
@@ -596,9 +623,47 @@ def truncated(ids: list[int], body: Mapping[str, Any], max_model_len: int) -> li
 
     :raises ApiError: a size above the context, or a cut that leaves no token.
     """
+    cut = _truncation(len(ids), body, max_model_len)
+    return ids if cut is None else ids[cut]
+
+
+def truncated_expanded(
+    ids: list[int], features: dict[str, Any], body: Mapping[str, Any], max_model_len: int
+) -> list[int]:
+    """``ids`` with their placeholders expanded, cut again to ``truncate_prompt_tokens`` as vLLM's
+    ``_truncate_expanded_prompt`` cuts them: every placeholder range must survive whole, and
+    ``features``' ranges are moved (in place) with a cut from the left.
+
+    :raises ApiError: a cut that would split or drop an item.
+    """
+    cut = _truncation(len(ids), body, max_model_len)
+    if cut is None:
+        return ids
+    start, stop, _ = cut.indices(len(ids))
+    placeholders = features["mm_placeholders"]
+    for modality, ranges in placeholders.items():
+        for r in ranges:
+            end = r["offset"] + r["length"]
+            if r["offset"] < start or end > stop:
+                raise ApiError(
+                    f"truncate_prompt_tokens={body['truncate_prompt_tokens']} would split or drop "
+                    f"a(n) {modality} item, which spans tokens {r['offset']} to {end} of the "
+                    f"{len(ids)}-token prompt. Multimodal placeholders expand after truncation "
+                    "is applied, so the limit must leave every multimodal item intact. Please "
+                    "raise truncate_prompt_tokens or shorten the multimodal input.",
+                    param="truncate_prompt_tokens",
+                )  # vLLM's words
+    for ranges in placeholders.values():
+        for r in ranges:
+            r["offset"] -= start
+    return ids[cut]
+
+
+def _truncation(length: int, body: Mapping[str, Any], max_model_len: int) -> slice | None:
+    """The slice ``truncate_prompt_tokens`` keeps of ``length`` tokens; None: all of them."""
     limit = body.get("truncate_prompt_tokens")
     if limit is None:
-        return ids
+        return None
     limit = lax_int(limit, "truncate_prompt_tokens", lo=-1)
     if limit > max_model_len:
         raise ApiError(
@@ -609,9 +674,9 @@ def truncated(ids: list[int], body: Mapping[str, Any], max_model_len: int) -> li
         limit = max_model_len - 1
     if limit == 0:
         raise ApiError("No token_ids rendered", param="truncate_prompt_tokens")  # vLLM's words
-    if len(ids) <= limit:
-        return ids
-    return ids[-limit:] if body.get("truncation_side") != "right" else ids[:limit]
+    if length <= limit:
+        return None
+    return slice(-limit, None) if body.get("truncation_side") != "right" else slice(0, limit)
 
 
 def _template_extras(body: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
@@ -670,13 +735,22 @@ def _request_id(body: Mapping[str, Any], api: str, header_id: str | None = None)
 
 def _tool_choice(body: Mapping[str, Any], default: str, api: str) -> str | None:
     if api == "messages":  # vLLM's Anthropic mapping of the one choice it takes untooled
-        return "none" if body.get("tool_choice") == {"type": "none"} else None
+        return "none" if _anthropic_choice_none(body.get("tool_choice")) else None
     if "tool_choice" in body and body["tool_choice"] is None:
         return None  # an explicit null stays null
     return default or None
 
 
+def _anthropic_choice_none(choice: Any) -> bool:
+    return isinstance(choice, dict) and choice.get("type") == "none"
+
+
 def _parallel_tool_calls(body: Mapping[str, Any], api: str) -> bool | None:
+    if api == "messages" and isinstance(choice := body.get("tool_choice"), dict):
+        # vLLM's Anthropic mapping: a tool choice carries whether calls may run in parallel
+        return not lax_bool(
+            choice.get("disable_parallel_tool_use") or False, "disable_parallel_tool_use"
+        )
     if api != "chat" or "parallel_tool_calls" not in body:
         return True
     value = body["parallel_tool_calls"]
@@ -763,7 +837,7 @@ def generate_request(
     token_ids: list[int],
     features: dict[str, Any] | None,
     *,
-    model: str,
+    model: str | None,
     sampling_params: dict[str, Any],
     request_id: str | None = None,
     parse_context: dict[str, Any] | None = None,

@@ -5,13 +5,16 @@ have: ``n`` in a Responses body or ``seed`` in an Anthropic one changes nothing 
 answer. :func:`own_fields` keeps only a body's own fields, so that aiomm reads what vLLM reads.
 Chat and completion bodies lose only the few fields aiomm would otherwise act on that their
 models lack (their models are the widest, and nothing else they lack is read).
+:func:`refuse_nulls` refuses a ``null`` for the fields whose type in vLLM's model has no None.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ("own_fields",)
+from .errors import ApiError
+
+__all__ = ("own_fields", "refuse_nulls")
 
 _FIELDS: dict[str, frozenset[str]] = {
     "responses": frozenset(
@@ -55,3 +58,56 @@ def own_fields(body: dict[str, Any], api: str) -> dict[str, Any]:
     if lacks.isdisjoint(body):  # the usual body: no copy
         return body
     return {k: v for k, v in body.items() if k not in lacks}
+
+
+_BOOL, _INT, _LIST = "a valid boolean", "a valid integer", "a valid list"
+_COMMON_NOT_NULL = {
+    "ignore_eos": _BOOL,
+    "include_stop_str_in_output": _BOOL,
+    "spaces_between_special_tokens": _BOOL,
+    "priority": _INT,
+    "request_id": "a valid string",
+    "mm_payload": "'tensors' or 'none'",
+}
+_SAMPLING_NOT_NULL = {
+    **_COMMON_NOT_NULL,
+    "add_special_tokens": _BOOL,
+    "bad_words": _LIST,
+    "length_penalty": "a valid number",
+    "min_tokens": _INT,
+    "return_weight_versions": _BOOL,
+    "routed_experts_prompt_start": _INT,
+    "use_beam_search": _BOOL,
+}
+#: the optional fields of vLLM 0.33's request models whose type has no None (pydantic answers
+#: a null with "Input should be ..."); the words after "Input should be"
+_NOT_NULL: dict[str, dict[str, str]] = {
+    "chat": {
+        **_SAMPLING_NOT_NULL,
+        "add_generation_prompt": _BOOL,
+        "continue_final_message": _BOOL,
+        "echo": _BOOL,
+        "include_reasoning": _BOOL,
+    },
+    "completion": {**_SAMPLING_NOT_NULL, "n": _INT},
+    "responses": {
+        **_COMMON_NOT_NULL,
+        "enable_response_messages": _BOOL,
+        "include_reasoning": _BOOL,
+        "service_tier": "'auto', 'default', 'flex', 'scale' or 'priority'",
+        "tool_choice": "a valid dictionary or object to extract fields from",
+        "tools": _LIST,
+    },
+    "messages": {"mm_payload": "'tensors' or 'none'"},
+}
+
+
+def refuse_nulls(body: dict[str, Any], api: str) -> None:
+    """Refuse a ``null`` where ``api``'s vLLM request model takes none, as vLLM does.
+
+    :raises ApiError: 400 naming the first such field.
+    """
+    not_null = _NOT_NULL.get(api, {})
+    for key, value in body.items():
+        if value is None and key in not_null:
+            raise ApiError(f"{key}: Input should be {not_null[key]}", param=key)

@@ -87,6 +87,8 @@ _MAX_TOKENS: dict[str, tuple[tuple[str, ...], int | None]] = {
 }
 #: vLLM raises a positive temperature below this to it; below ``_GREEDY_BELOW`` it samples greedily
 _MIN_TEMPERATURE = 1e-2
+#: vLLM's VLLM_MAX_STOP_STRINGS default: a longer ``stop`` list is refused
+_MAX_STOP_STRINGS = 4
 #: vLLM's VLLM_MAX_N_SEQUENCES default
 _MAX_N = 16384
 _GREEDY_BELOW = 1e-5
@@ -138,12 +140,15 @@ def derive(
     top_k = body.get("top_k")
     top_k = int(d.get("top_k", 0)) if top_k is None else lax_int(top_k, "top_k", lo=-1)
     min_p = _float(body, "min_p", d.get("min_p", 0.0), 0.0, 1.0)
-    if temperature < _GREEDY_BELOW:  # greedy: vLLM resets what only sampling reads
+    # raised before the greedy test, as vLLM's __post_init__ does: 1e-6 samples at 0.01
+    if 0 < temperature < _MIN_TEMPERATURE:
+        temperature = _MIN_TEMPERATURE
+    greedy = temperature < _GREEDY_BELOW
+    if greedy:  # vLLM resets what only sampling reads
         if n != 1:
             raise ApiError(f"n must be 1 when using greedy sampling, got {n}", param="n")
         top_p, top_k, min_p = 1.0, 0, 0.0
-    out["temperature"] = _MIN_TEMPERATURE if 0 < temperature < _MIN_TEMPERATURE else temperature
-    greedy = temperature < _GREEDY_BELOW
+    out["temperature"] = temperature
     if not greedy:  # vLLM's serialiser leaves out the values its greedy reset writes
         out["top_p"] = top_p
     if top_k != 0:  # vLLM leaves out a top_k of 0 (seen with no generation_config.json)
@@ -158,6 +163,11 @@ def derive(
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise ApiError(f"'{stop_key}' must be a string or a list of strings", param=stop_key)
+    if len(stop) > _MAX_STOP_STRINGS:
+        raise ApiError(
+            f"List should have at most {_MAX_STOP_STRINGS} items after validation, not {len(stop)}",
+            param=stop_key,
+        )  # pydantic's words, as vLLM answers
     if not all(stop):
         raise ApiError("stop cannot contain an empty string", param=stop_key)
     out["stop"] = stop
@@ -234,7 +244,7 @@ def derive(
         raise ApiError("bad_words cannot contain an empty string", param="bad_words")
     out["bad_words"] = list(dict.fromkeys(bad_words))
     out["skip_reading_prefix_cache"] = prompt_logprobs is not None
-    budget = body.get("thinking_token_budget")
+    budget = _thinking(body) if api == "messages" else body.get("thinking_token_budget")
     if budget is not None:
         # vLLM takes only a true integer here (no lax reading), -1 meaning no budget
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
@@ -245,6 +255,27 @@ def derive(
         if budget != -1:
             out["thinking_token_budget"] = lax_int(budget, "thinking_token_budget")
     return out
+
+
+def _thinking(body: dict[str, Any]) -> int | None:
+    """An Anthropic body's thinking budget as vLLM's ``_handle_thinking`` maps it: an
+    ``enabled`` thinking's ``budget_tokens`` (``adaptive`` pins nothing).
+
+    :raises ApiError: a budget that is not an integer from 1024 to below ``max_tokens``.
+    """
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    budget = lax_int(thinking.get("budget_tokens"), "budget_tokens")
+    if budget < 1024:  # pydantic's words
+        raise ApiError(
+            "thinking.budget_tokens: Input should be greater than or equal to 1024",
+            param="thinking",
+        )
+    most = body.get("max_tokens")
+    if most is not None and budget >= lax_int(most, "max_tokens"):
+        raise ApiError("thinking.budget_tokens must be less than max_tokens", param="thinking")
+    return budget
 
 
 def _int(body: dict[str, Any], key: str, default: int) -> int:

@@ -567,7 +567,229 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
             },
         ),
     }
+    out.update(_conversion_cases(model, part, chat, user, text))
     return out
+
+
+def _conversion_cases(
+    model: str, part: Any, chat: Any, user: Any, text: dict[str, Any]
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """How vLLM turns each API's messages into the template's conversation (recorded on
+    2026-12-04 from the same server, images with ``mm_payload: "none"``)."""
+    none = {"mm_payload": "none"}
+    billing = "x-anthropic-billing-header: cc_version=1; cch=abc\n"
+    hi = {"role": "user", "content": "Hi"}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+    def responses(**body: Any) -> tuple[str, dict[str, Any]]:
+        return "/v1/responses/render", {"model": model, **body}
+
+    def messages(msgs: list[dict[str, Any]], **body: Any) -> tuple[str, dict[str, Any]]:
+        return "/v1/messages/render", {"model": model, "max_tokens": 16, "messages": msgs, **body}
+
+    anthropic_image = {
+        "type": "image",
+        "source": {"media_type": "image/jpeg", "data": part("jpeg")["image_url"]["url"][23:]},
+    }
+    return {
+        # a developer message for a template without the role: system, merged at the start
+        "chat_developer_role": chat(
+            [{"role": "developer", "content": "Be brief."}, user(text, part("jpeg"))], **none
+        ),
+        "chat_developer_after_system": chat(
+            [
+                {"role": "system", "content": "S"},
+                hi,
+                {"role": "developer", "content": [{"type": "text", "text": "D1"}, text]},
+            ]
+        ),
+        "chat_billing_header_system": chat(
+            [{"role": "system", "content": billing + "You are terse."}, hi]
+        ),
+        "chat_history_tool_calls": chat(
+            [
+                hi,
+                {"role": "assistant", "content": None, "tool_calls": [call, call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            ]
+        ),
+        "chat_without_model": ("/v1/chat/completions/render", {"messages": [hi]}),
+        "chat_tiny_temperature": chat([hi], temperature=1e-6, top_p=0.5, top_k=5),
+        "chat_continue_empty_text": chat(
+            [hi, {"role": "assistant", "content": ""}],
+            continue_final_message=True,
+            add_generation_prompt=False,
+        ),
+        "error_chat_continue_without_text": chat(
+            [hi, {"role": "assistant", "content": None}],
+            continue_final_message=True,
+            add_generation_prompt=False,
+        ),
+        "error_five_stop_strings": chat([hi], stop=["a", "b", "c", "d", "e"]),
+        "error_user_content_null": chat([hi, {"role": "user", "content": None}]),
+        "chat_content_missing": chat([hi, {"role": "user"}, {"role": "assistant"}, hi]),
+        "responses_developer_and_instructions": responses(
+            instructions="I", input=[hi, {"role": "developer", "content": "D"}]
+        ),
+        "responses_continue_incomplete": responses(
+            input=[hi, {"role": "assistant", "content": "Once upon", "status": "incomplete"}]
+        ),
+        "responses_assistant_first_text": responses(
+            input=[
+                hi,
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [
+                        {"type": "output_text", "text": "A", "annotations": []},
+                        {"type": "output_text", "text": "B", "annotations": []},
+                    ],
+                },
+                {"role": "user", "content": "And?"},
+            ]
+        ),
+        "responses_billing_instructions": responses(instructions=billing + "Be kind.", input="x"),
+        "messages_billing_system_block": messages(
+            [hi],
+            system=[
+                {"type": "text", "text": billing + "dropped"},
+                {"type": "text", "text": "Kept."},
+            ],
+        ),
+        "messages_empty_user_turn": messages(
+            [
+                {"role": "user", "content": [{"type": "text", "text": ""}]},
+                {"role": "assistant", "content": "a"},
+                hi,
+            ]
+        ),
+        "messages_inline_system": messages(
+            [hi, {"role": "system", "content": "Inline."}, {"role": "user", "content": "b"}]
+        ),
+        "messages_tool_use_and_result": messages(
+            [
+                user(text, anthropic_image),
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "hmm", "signature": "s"},
+                        {"type": "text", "text": "Let me look."},
+                        {"type": "tool_use", "id": "t1", "name": "zoom", "input": {"x": 1}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "r1"}, anthropic_image],
+                        }
+                    ],
+                },
+            ],
+            **none,
+        ),
+        "error_messages_without_model": (
+            "/v1/messages/render",
+            {"max_tokens": 16, "messages": [hi]},
+        ),
+        "error_messages_developer_role": messages([{"role": "developer", "content": "x"}, hi]),
+        # the part types vLLM's chat parser reads: text ones, media found by key, skipped ones
+        "chat_part_types": chat(
+            [
+                user(
+                    {"type": "refusal", "refusal": "No."},
+                    {"type": "thinking", "thinking": "Hmm."},
+                    {"image_url": {"url": part("png")["image_url"]["url"]}},
+                    {"type": "input_text", "text": "a"},
+                    {"type": "output_text", "text": "b"},
+                    {"type": "text", "text": None},
+                    {
+                        "type": "input_image",
+                        "image_url": part("jpeg")["image_url"]["url"],
+                        "detail": "auto",
+                    },
+                ),
+                {"role": "function", "name": "f", "content": "x"},
+            ],
+            **none,
+        ),
+        # truncate_prompt_tokens with an image: cut again once the placeholders are expanded
+        # (49 tokens, the image's 12 from offset 30)
+        "chat_truncated_with_image": chat(
+            [
+                {"role": "system", "content": "Answer in one short sentence, please."},
+                user(text, part("png")),
+            ],
+            truncate_prompt_tokens=40,
+            **none,
+        ),
+        "error_truncate_splits_image": chat(
+            [
+                {"role": "system", "content": "Answer in one short sentence, please."},
+                user(text, part("png")),
+            ],
+            truncate_prompt_tokens=35,
+            truncation_side="right",
+            **none,
+        ),
+        # empty or ignored: vLLM's answer is the default one
+        "chat_empty_mm_processor_kwargs": chat([hi], mm_processor_kwargs={}),
+        "responses_include_reasoning_off": responses(input="x", include_reasoning=False),
+        "messages_empty_output_config": messages([hi], output_config={}),
+        "messages_thinking_enabled": messages(
+            [hi], max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 2048}
+        ),
+        "error_messages_thinking_budget_above_max_tokens": messages(
+            [hi], thinking={"type": "enabled", "budget_tokens": 2048}
+        ),
+        "messages_thinking_adaptive": messages([hi], thinking={"type": "adaptive"}),
+        "error_messages_thinking_budget_low": messages(
+            [hi], thinking={"type": "enabled", "budget_tokens": 100}
+        ),
+        "messages_tool_choice_none_serial": messages(
+            [hi], tool_choice={"type": "none", "disable_parallel_tool_use": True}
+        ),
+        # a null where vLLM's model has no None is pydantic's 400
+        "error_null_ignore_eos": chat([hi], ignore_eos=None),
+        "error_completion_null_n": (
+            "/v1/completions/render",
+            {"model": model, "prompt": "Hi", "n": None},
+        ),
+        "error_responses_null_tools": responses(input="x", tools=None),
+        "error_chat_input_image_without_detail": chat(
+            [user({"type": "input_image", "image_url": part("jpeg")["image_url"]["url"]})], **none
+        ),
+        # /tokenize renders a chat as the chat route does: images expanded, flags honoured
+        "tokenize_chat_image": (
+            "/tokenize",
+            {"model": model, "messages": [user(text, part("png"))], "return_token_strs": True},
+        ),
+        "tokenize_chat_continue": (
+            "/tokenize",
+            {
+                "model": model,
+                "messages": [
+                    {"role": "developer", "content": "D"},
+                    hi,
+                    {"role": "assistant", "content": "Once"},
+                ],
+                "continue_final_message": True,
+                "add_generation_prompt": False,
+                "chat_template_kwargs": {"add_vision_id": True},
+            },
+        ),
+        "error_tokenize_both_generation_flags": (
+            "/tokenize",
+            {
+                "model": model,
+                "messages": [hi, {"role": "assistant", "content": "Once"}],
+                "continue_final_message": True,
+                "add_generation_prompt": True,
+            },
+        ),
+    }
 
 
 def main() -> None:

@@ -284,7 +284,8 @@ def test_chat_render_equals_the_reference_processor(name: str, folders: Folders)
         # the Responses and Anthropic endpoints render the same request to the same features
         for path, body in (
             ("/v1/responses/render", _responses_body(IMAGES[1:3])),
-            ("/v1/messages/render", _anthropic_body(IMAGES[1:3])),
+            # the Anthropic API requires the model's name
+            ("/v1/messages/render", {"model": str(folder), **_anthropic_body(IMAGES[1:3])}),
         ):
             other = client.post(path, json=body)
             assert other.status_code == 200, other.text

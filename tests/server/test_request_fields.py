@@ -311,7 +311,7 @@ def test_an_x_request_id_header_names_the_request_as_in_vllm(live_server: Any) -
     chat = {"messages": [{"role": "user", "content": "hi"}], "request_id": "body"}
     assert rid(CASE["path"], chat) == "chatcmpl-hdr"  # the header wins over the body
     assert rid("/v1/completions/render", {"prompt": ["a", "b"]}) == ["cmpl-hdr-0", "cmpl-hdr-1"]
-    anthropic = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    anthropic = {**ANTHROPIC["body"], "messages": [{"role": "user", "content": "hi"}]}
     assert rid(ANTHROPIC["path"], anthropic) == "chatcmpl-hdr"
     assert rid(RESPONSES["path"], {"input": "hi"}).startswith("resp_")  # no header there
     assert rid(RESPONSES["path"], {"input": "hi", "request_id": "mine"}) == "mine"
