@@ -175,6 +175,8 @@ _TEXT_PARTS = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
+#: the ``detail`` values of an image or video URL (vLLM's literal)
+_DETAILS = frozenset({"auto", "low", "high", "original"})
 #: media part types and the modality of each
 _MEDIA_PARTS = {"image_url": "image", "input_image": "image", "video_url": "video"}
 
@@ -206,6 +208,12 @@ def _chat_part(part: Any, where: str) -> tuple[str | None, Any]:
         _need("detail" in part, f"{where}.detail: Field required", "messages")
     key = "image_url" if kind == "input_image" else kind  # a Responses part's URL key
     spec = part.get(key)
+    if kind != "input_image" and part.get("uuid") is None:  # a typed part, as pydantic reads it
+        _need(isinstance(spec, dict), f"{where}.{key}: Input should be a valid dictionary")
+        _need(
+            spec.get("detail", "auto") in _DETAILS,
+            f"{where}.{key}.detail: Input should be 'auto', 'low', 'high' or 'original'",
+        )
     url = spec.get("url") if isinstance(spec, dict) else spec
     _need(isinstance(url, str) and bool(url), f"{where}.{key}.url is missing")
     return _MEDIA_PARTS[kind], url

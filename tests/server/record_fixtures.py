@@ -758,6 +758,13 @@ def _conversion_cases(
             {"model": model, "prompt": "Hi", "n": None},
         ),
         "error_responses_null_tools": responses(input="x", tools=None),
+        "error_image_url_a_string": chat(
+            [user({"type": "image_url", "image_url": part("png")["image_url"]["url"]})], **none
+        ),
+        "error_image_url_detail_unknown": chat(
+            [user(part("png", image_url={"url": part("png")["image_url"]["url"], "detail": "x"}))],
+            **none,
+        ),
         "error_chat_input_image_without_detail": chat(
             [user({"type": "input_image", "image_url": part("jpeg")["image_url"]["url"]})], **none
         ),
