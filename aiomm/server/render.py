@@ -344,7 +344,7 @@ class RenderService:
                     "add_generation_prompt": add_gen,
                     "continue_final_message": cont,
                 },
-                "history_tool_call_cnt": parsed.tool_calls,
+                "history_tool_call_cnt": parsed.tool_call_count,
             }
         features = None
         cache_hits = 0

@@ -51,7 +51,7 @@ def test_an_assistants_tool_calls_and_reasoning_reach_the_template() -> None:
     assert call["content"] is None  # rendered empty; no text to continue
     assert tool == {"role": "tool", "content": "a\nb", "tool_call_id": "c1"}
     assert "tool_calls" not in done  # an empty list is dropped
-    assert parsed.tool_calls == 3  # vLLM's history_tool_call_cnt counts the request's own
+    assert parsed.tool_call_count == 3  # vLLM's history_tool_call_cnt counts the request's own
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_anthropic_blocks_become_vllms_chat_messages() -> None:
     assert json.dumps(parsed.conversation[2]["content"]) == '"r"'
     # the source without a type is base64, as vLLM reads it; the result's image comes after
     assert [p.url for p in parsed.images] == ["data:image/png;base64,AAAA"] * 2
-    assert parsed.tool_calls == 1
+    assert parsed.tool_call_count == 1
 
 
 @pytest.mark.parametrize(
