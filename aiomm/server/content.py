@@ -2,7 +2,8 @@
 
 OpenAI chat (``text``, ``image_url`` and ``video_url`` with an optional per-part ``uuid``),
 Responses (``input``
-string or items with ``input_text`` / ``input_image`` / ``output_text``, ``instructions``) and
+string or items with ``input_text`` / ``input_image`` / ``output_text``, ``instructions``,
+``function_call`` / ``function_call_output`` / ``reasoning`` items) and
 Anthropic messages (``text``, ``image`` with a base64 or url source, ``system``, tool and thinking
 blocks, converted to chat messages first as vLLM converts them) all become the conversation vLLM
 hands the template: each message's content a list of ``{"type": "text", "text"}``,
@@ -265,13 +266,25 @@ def parse_responses(body: dict[str, Any]) -> Parsed:
         conversation.append({"role": "user", "content": raw})
         return Parsed(conversation, images)
     _need(isinstance(raw, list) and bool(raw), "'input' must be a string or a non-empty list")
+    first_input = len(conversation)  # items merge into the assistant message before them
     for i, item in enumerate(raw):
+        if isinstance(item, dict) and item.get("type") in _TOOL_ITEMS:
+            prev = conversation[-1] if len(conversation) > first_input else None
+            message = _tool_item(item, i, prev if prev and prev["role"] == "assistant" else None)
+            if message is not None:
+                conversation.append(message)
+            continue
         role = _role(item, i)
         content = item.get("content")
         if role == "assistant" and isinstance(content, list) and content:
             # vLLM's _construct_message_from_response_item keeps an assistant item's first text
             first = content[0].get("text") if isinstance(content[0], dict) else None
             content = first if isinstance(first, str) else content
+        if role == "assistant" and isinstance(content, str) and len(conversation) > first_input:
+            prev = conversation[-1]
+            if prev["role"] == "assistant" and prev["content"] is None:
+                prev["content"] = content  # the text of a turn its calls or reasoning began
+                continue
         if role == "system":
             content = _without_billing_header(content)
         if isinstance(content, str):
@@ -300,6 +313,52 @@ def parse_responses(body: dict[str, Any]) -> Parsed:
         "status"
     ) in ("in_progress", "incomplete")
     return Parsed(conversation, images, continue_final=continue_final)
+
+
+#: the Responses items that are not messages, which vLLM turns into chat messages
+_TOOL_ITEMS = frozenset({"function_call", "function_call_output", "reasoning"})
+
+
+def _tool_item(item: dict[str, Any], i: int, prev: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The chat message of a Responses ``function_call``, ``function_call_output`` or
+    ``reasoning`` item, as vLLM's ``_construct_message_from_response_item`` makes it; None when
+    it joins ``prev``, the assistant message before it (a call to its calls, reasoning to one
+    without).
+
+    :raises ApiError: an item without the fields its type requires, or encrypted reasoning.
+    """
+    kind = item["type"]
+
+    def field(name: str) -> str:
+        value = item.get(name)
+        _need(isinstance(value, str), f"input[{i}].{name}: Input should be a valid string", "input")
+        return value  # type: ignore[return-value]
+
+    if kind == "function_call_output":
+        return {"role": "tool", "content": field("output"), "tool_call_id": field("call_id")}
+    if kind == "function_call":
+        call = {
+            "id": field("call_id"),
+            "type": "function",
+            "function": {"name": field("name"), "arguments": field("arguments")},
+        }
+        call = _tool_call(call, i)
+        if prev is not None:
+            prev.setdefault("tool_calls", []).append(call)
+            return None
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    _need(not item.get("encrypted_content"), "Encrypted content is not supported.", "input")
+    texts = item.get("content") or item.get("summary") or [{}]
+    reasoning = texts[0].get("text", "") if isinstance(texts[0], dict) else ""
+    if prev is not None and "reasoning" not in prev:
+        prev["reasoning"] = prev["reasoning_content"] = reasoning
+        return None
+    return {
+        "role": "assistant",
+        "content": None,
+        "reasoning": reasoning,
+        "reasoning_content": reasoning,
+    }
 
 
 #: the roles of Anthropic's messages (vLLM's ``AnthropicMessage``)

@@ -648,6 +648,33 @@ def _conversion_cases(
                 {"role": "user", "content": "And?"},
             ]
         ),
+        # calls, their outputs and reasoning as vLLM turns them into chat messages: a call
+        # joins the assistant turn before it, the text after calls or reasoning fills it
+        "responses_function_call_items": responses(
+            input=[
+                hi,
+                {
+                    "type": "reasoning",
+                    "id": "r1",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": "Look it up."}],
+                },
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'},
+                {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "42"},
+                {"type": "function_call_output", "call_id": "c2", "output": "43"},
+                {
+                    "type": "reasoning",
+                    "id": "r2",
+                    "summary": [{"type": "summary_text", "text": "S"}],
+                },
+                {"role": "assistant", "content": "It is 42."},
+                {"role": "user", "content": "Thanks."},
+            ]
+        ),
+        "error_responses_encrypted_reasoning": responses(
+            input=[hi, {"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "z"}]
+        ),
         "responses_billing_instructions": responses(instructions=billing + "Be kind.", input="x"),
         "messages_billing_system_block": messages(
             [hi],
