@@ -39,24 +39,12 @@ from .json_chunks import ChunkedJSONResponse, dumps_chunks
 from .media import VllmDecoder
 from .metrics import ServerMetrics
 from .render import RenderLimits, RenderService, model_float_dtype
+from .request_fields import own_fields
 from .request_values import flag
 from .sampling import SamplingDefaults
 from .video_media import video_loader
 
 __all__ = ("ServerConfig", "create_app", "model_folder")
-
-#: the fields of vLLM's ``TokenizeChatRequest`` its chat route renders
-_TOKENIZE_CHAT_FIELDS = (
-    "model",
-    "messages",
-    "tools",
-    "add_generation_prompt",
-    "continue_final_message",
-    "chat_template",
-    "chat_template_kwargs",
-    "media_io_kwargs",
-    "mm_processor_kwargs",
-)
 
 log = get_logger(__name__)
 
@@ -356,7 +344,7 @@ def create_app(config: ServerConfig) -> Starlette:
                     "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
                 )
             # rendered as a chat request, images expanded (vLLM's preprocess_chat), no payload
-            chat = {k: body[k] for k in _TOKENIZE_CHAT_FIELDS if k in body}
+            chat = own_fields(body, "tokenize")
             if chat.get("tools") == []:  # /tokenize takes an empty list the chat route refuses
                 del chat["tools"]
             rendered = await s.render(parse_chat(chat), {**chat, "mm_payload": "none"})

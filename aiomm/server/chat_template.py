@@ -35,9 +35,8 @@ class ChatRenderer:
         if template is None:
             raise ApiError("the model folder has no chat template", status=500)
         # vLLM's test: a template that names the role (quoted) renders developer messages
-        texts = template.values() if isinstance(template, dict) else (template,)
         self._template_has_developer = any(
-            '"developer"' in t or "'developer'" in t for t in texts if isinstance(t, str)
+            '"developer"' in t or "'developer'" in t for t in _template_texts(template)
         )
 
     def render(
@@ -81,9 +80,7 @@ class ChatRenderer:
     def merges_inline_system(self) -> bool:
         """Whether the template wants its system message first, as vLLM's Anthropic API probes
         it: rendering ``[system, user, system, user]`` raises (Qwen's ``loop.first`` guard)."""
-        template = self.tokenizer.chat_template
-        texts = template.values() if isinstance(template, dict) else (template,)
-        return any(_rejects_inline_system(t) for t in texts if isinstance(t, str))
+        return any(_rejects_inline_system(t) for t in _template_texts(self.tokenizer.chat_template))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
@@ -107,6 +104,12 @@ class ChatRenderer:
         if sum(len(t) for t in texts) <= LONG_TEXT_CHARS:
             return [self.encode(t) for t in texts]
         return await anyio.to_thread.run_sync(lambda: [self.encode(t) for t in texts])
+
+
+def _template_texts(template: str | dict[str, str]) -> list[str]:
+    """The text of a tokenizer's chat template, or of each of its named ones."""
+    texts = template.values() if isinstance(template, dict) else (template,)
+    return [t for t in texts if isinstance(t, str)]
 
 
 def _template_error_reason(exc: BaseException) -> str:

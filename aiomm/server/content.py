@@ -42,10 +42,15 @@ class Parsed:
     conversation: list[dict[str, Any]]
     images: list[ImagePart]
     videos: list[ImagePart] = field(default_factory=list)
-    #: the tool calls of its assistant messages (vLLM's ``history_tool_call_cnt``)
-    tool_call_count: int = 0
     #: its last message is to be continued, not answered (a Responses item in progress)
     continue_final: bool = False
+
+    @property
+    def tool_call_count(self) -> int:
+        """The tool calls of its assistant messages (vLLM's ``history_tool_call_cnt``)."""
+        return sum(
+            len(m.get("tool_calls", ())) for m in self.conversation if m["role"] == "assistant"
+        )
 
 
 def _need(cond: bool, message: str, param: str | None = None) -> None:
@@ -91,12 +96,9 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
     images: list[ImagePart] = []
     videos: list[ImagePart] = []
     conversation: list[dict[str, Any]] = []
-    tool_call_count = 0
     for i, message in enumerate(_messages(body)):
         role = _role(message, i)
         content = message.get("content")
-        if role == "assistant" and (calls := message.get("tool_calls")) is not None:
-            tool_call_count += len(calls) if isinstance(calls, list) else 1
         # vLLM's message types allow an explicit null only for assistant and function messages
         _need(
             content is not None or "content" not in message or role in ("assistant", "function"),
@@ -120,7 +122,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
                 (images if kind == "image" else videos).append(ImagePart(value, _uuid(part)))
                 parts.append({"type": kind})
         conversation.append(_message_fields(message, i, role, parts))
-    return Parsed(conversation, images, videos, tool_call_count)
+    return Parsed(conversation, images, videos)
 
 
 def _message_fields(message: dict[str, Any], i: int, role: str, content: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The fields of vLLM 0.33's Responses and Anthropic request models.
+"""The fields of vLLM 0.33's Responses, Anthropic and chat-form tokenize request models.
 
 A body is read through its API's request model, and pydantic ignores a field the model does not
 have: ``n`` in a Responses body or ``seed`` in an Anthropic one changes nothing in vLLM's
@@ -29,6 +29,12 @@ _FIELDS: dict[str, frozenset[str]] = {
         "stream structured_outputs temperature text tool_choice tools top_k top_logprobs top_p "
         "truncation user vllm_xargs watermarking".split()
     ),
+    # the chat form of /tokenize (vLLM's ``TokenizeChatRequest``), rendered as a chat request
+    "tokenize": frozenset(
+        "add_generation_prompt add_special_tokens chat_template chat_template_kwargs "
+        "continue_final_message media_io_kwargs messages mm_processor_kwargs model "
+        "return_token_strs tools".split()
+    ),
     "messages": frozenset(
         "cache_salt chat_template_kwargs ec_transfer_params kv_transfer_params max_tokens "
         "messages metadata mm_payload model output_config return_mm_kwargs stop_sequences "
@@ -50,7 +56,7 @@ _LACKS: dict[str, frozenset[str]] = {
 
 def own_fields(body: dict[str, Any], api: str) -> dict[str, Any]:
     """``body`` without the fields ``api``'s request model does not have (``api``:
-    ``"chat"``, ``"completion"``, ``"responses"`` or ``"messages"``)."""
+    ``"chat"``, ``"completion"``, ``"responses"``, ``"messages"`` or ``"tokenize"``)."""
     fields = _FIELDS.get(api)
     if fields is not None:
         return {k: v for k, v in body.items() if k in fields}

@@ -291,6 +291,10 @@ def test_chat_render_equals_the_reference_processor(name: str, folders: Folders)
             assert other.status_code == 200, other.text
             assert other.json()["token_ids"] == two.json()["token_ids"], (name, path)
             assert other.json()["features"] == two.json()["features"], (name, path)
+        # /tokenize renders a chat as the chat route does: the same ids, images expanded
+        tokens = client.post("/tokenize", json=_body(IMAGES[1:3]))
+        assert tokens.status_code == 200, tokens.text
+        assert tokens.json()["tokens"] == two.json()["token_ids"], name
         # the same ids and placeholders without tensors
         bare = client.post(
             "/v1/chat/completions/render", json={**_body(IMAGES[1:3]), "mm_payload": "none"}
