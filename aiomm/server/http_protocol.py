@@ -14,7 +14,9 @@ Request bodies go the other way: uvicorn hands the app a body in pieces of about
 the socket after each one until the app has taken it, so a request with megabytes of data URLs
 costs a trip through the event loop (and a copy) per piece. A body whose ``Content-Length`` is
 at most :attr:`RenderHttpProtocol.whole_body_bytes` is read whole first, and the app is woken
-once, for all of it.
+once, for all of it. Its pieces are kept as the parser hands them over and joined once, into the
+``bytes`` the app receives: uvicorn's own ``bytearray`` grows by reallocation and is then copied
+again into ``bytes``, two or three copies of every request's megabytes on the event loop.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class RenderHttpProtocol(HttpToolsProtocol):
     whole_body_bytes = 64 << 20
     #: the body now being read whole (0: uvicorn's pieces)
     _whole_body = 0
+    #: its pieces so far
+    _pieces: list[bytes]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(DirectWriteTransport(transport))  # type: ignore[arg-type]
@@ -113,6 +117,7 @@ class RenderHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._whole_body = _content_length(self.headers, self.whole_body_bytes)
+        self._pieces = []
         cycle = self.cycle
         if (
             self._balance is not None
@@ -131,7 +136,15 @@ class RenderHttpProtocol(HttpToolsProtocol):
         if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
             return  # as uvicorn's: a body after the response, or of an upgrade, is dropped
         # no pause and no wake-up per piece: on_message_complete wakes the app for the whole body
-        cycle.body += body
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._whole_body:  # set with _pieces, in on_headers_complete
+            cycle, pieces, self._pieces = self.cycle, self._pieces, []
+            if cycle is not None and pieces:
+                # one copy (none for one piece); uvicorn's receive() hands bytes on as they are
+                cycle.body = pieces[0] if len(pieces) == 1 else b"".join(pieces)  # type: ignore[assignment]
+        super().on_message_complete()
 
 
 def _content_length(headers: list[tuple[bytes, bytes]], most: int) -> int:

@@ -85,6 +85,23 @@ def test_patchify_of_rgb_in_four_byte_pixels_moves_whole_pixels(
     assert torch.equal(patchify(chw, patch_size=p, merge_size=m, temporal_patch_size=1), out)
 
 
+@pytest.mark.parametrize(
+    ("h", "w", "p", "m", "band_bytes"),
+    [(140, 56, 14, 2, 1), (140, 56, 14, 2, 2 * 56 * 28 * 4), (96, 64, 16, 2, 3 * 64 * 32 * 4),
+     (70, 28, 14, 1, 2 * 28 * 14 * 4)],
+)  # fmt: skip
+def test_patchify_of_four_byte_pixels_in_bands_equals_the_whole(
+    h: int, w: int, p: int, m: int, band_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pixel runs go through the scratch buffer a band of window rows at a time: one row per
+    band, several, and a last band shorter than the others give the same rows."""
+    monkeypatch.setattr(image_ops, "_BAND_BYTES", band_bytes)
+    rgbx = torch.randint(0, 256, (h, w, 4), dtype=torch.uint8)
+    chw = torch.from_numpy(rgbx.numpy()[..., :3].transpose(2, 0, 1))
+    out = patchify(chw, patch_size=p, merge_size=m, temporal_patch_size=1)
+    assert torch.equal(out, _reference(chw.contiguous(), p, m, 1))
+
+
 def test_patchify_takes_the_pixel_run_path_only_where_it_applies() -> None:
     rgbx = torch.randint(0, 256, (56, 84, 4), dtype=torch.uint8)
     assert image_ops._rgbx_view(rgbx[..., :3].permute(2, 0, 1), 28) is not None
