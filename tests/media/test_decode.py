@@ -106,6 +106,8 @@ def test_a_photo_is_fed_to_the_decoder_in_one_read(monkeypatch: pytest.MonkeyPat
         self.read = lambda size=-1: reads.append(size) or read(size)
 
     monkeypatch.setattr(aiomm.decode._Source, "track", counting_track)
+    # Pillow's decode (TurboJPEG's, which takes the bytes in one call, would read nothing)
+    monkeypatch.setattr(aiomm.decode, "_decode_jpeg_into", lambda data, pixels: False)
     data = encode(PIL.Image.fromarray(noise(400, 600)), "JPEG", quality=95)
     assert len(data) > 4 * 65536
     assert np.array_equal(decode(data), np.asarray(PIL.Image.open(io.BytesIO(data))))
@@ -129,6 +131,7 @@ def test_the_encoded_bytes_are_freed_without_the_garbage_collector(
         track(self)
 
     monkeypatch.setattr(aiomm.decode._Source, "track", recording_track)
+    monkeypatch.setattr(aiomm.decode, "_decode_jpeg_into", lambda data, pixels: False)  # Pillow's
     data = encode(PIL.Image.fromarray(noise(64, 80)), fmt)
     gc.disable()
     try:
@@ -137,6 +140,73 @@ def test_the_encoded_bytes_are_freed_without_the_garbage_collector(
         assert all(ref() is None for ref in sources), "a source outlived its decode"
     finally:
         gc.enable()
+
+
+def _pillow_pixels(data: bytes) -> np.ndarray:
+    return np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"subsampling": 0, "quality": 95},  # 4:4:4
+        {"subsampling": 1, "quality": 90},  # 4:2:2
+        {"subsampling": 2, "quality": 75},  # 4:2:0
+        {"subsampling": 2, "quality": 90, "progressive": True},
+        {"subsampling": 2, "quality": 85, "optimize": True},
+        {"subsampling": 1, "quality": 80, "restart_marker_blocks": 3},
+        {"subsampling": 2, "quality": 100},
+        {"subsampling": 2, "quality": 5},
+    ],
+    ids=["444", "422", "420", "progressive", "optimized", "restarts", "q100", "q5"],
+)
+@pytest.mark.parametrize("size", [(37, 53), (720, 1280), (1, 1), (9, 17)])
+def test_rgb_jpegs_decoded_by_turbojpeg_equal_pillows_pixels(
+    params: dict[str, Any], size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An RGB JPEG is decoded by libjpeg-turbo's TurboJPEG API straight into the 4-byte pixels:
+    the same values as Pillow's decode, for every sampling factor and coding option."""
+    import aiomm.decode
+
+    taken: list[bool] = []
+    turbo = aiomm.decode._decode_jpeg_into
+    monkeypatch.setattr(
+        aiomm.decode, "_decode_jpeg_into", lambda d, px: taken.append(turbo(d, px)) or taken[-1]
+    )
+    h, w = size
+    y, x = np.mgrid[0:h, 0:w]
+    smooth = np.stack([(x * 7 + y * 3) % 256, (x * y) % 256, (255 - x * 2) % 256], axis=-1)
+    pixels = np.clip(smooth + noise(h, w).astype(int) // 4 - 32, 0, 255).astype(np.uint8)
+    data = encode(PIL.Image.fromarray(pixels), "JPEG", **params)
+    out = decode(data)
+    assert taken == [True], "TurboJPEG decoded it"
+    assert padded_pixels(out) is not None
+    assert np.array_equal(out, _pillow_pixels(data))
+
+
+def test_a_jpeg_turbojpeg_complains_about_is_pillows_to_decode_or_refuse() -> None:
+    """Strict TurboJPEG refuses data libjpeg only warns about; Pillow then decides, as before:
+    trailing garbage after the image decodes as Pillow decodes it, a truncated file is refused."""
+    import aiomm.decode
+
+    data = encode(PIL.Image.fromarray(noise(64, 48)), "JPEG", quality=90)
+    pixels = np.empty((64, 48, 4), np.uint8)
+    assert aiomm.decode._decode_jpeg_into(data, pixels)
+    assert not aiomm.decode._decode_jpeg_into(data[: len(data) * 2 // 3], pixels)
+    assert not aiomm.decode._decode_jpeg_into(data, np.empty((64, 47, 4), np.uint8))
+    # bytes inside the entropy-coded data changed: libjpeg warns, Pillow decodes what it can
+    corrupt = bytearray(data)
+    corrupt[len(data) // 2 : len(data) // 2 + 8] = b"\xff\x00" * 4
+    corrupt = bytes(corrupt)
+    try:
+        expected: np.ndarray | None = _pillow_pixels(corrupt)
+    except OSError:
+        expected = None
+    if expected is None:
+        _exactly(DecodeError, decode_image, corrupt, max_pixels=MAX)
+    else:
+        assert np.array_equal(decode(corrupt), expected)
+    _exactly(DecodeError, decode_image, data[: len(data) * 2 // 3], max_pixels=MAX)
 
 
 def test_png_with_a_transparency_key_is_not_mapped() -> None:
