@@ -40,8 +40,10 @@ _EXT_TENSOR = 3
 _KEEP_BYTES = 64 << 20
 #: tensors from this size on are base64-encoded in place, never copied into the msgpack buffer
 _SPLICE_BYTES = 1 << 12
-#: rows of a strided tensor are gathered into a buffer of about this size, then encoded
-_BLOCK_BYTES = 1 << 20
+#: rows of a strided tensor are gathered into a buffer of about this size, then encoded: the
+#: gathered rows and their base64 stay in a core's L2 cache (a 1288x728 image's item: 0.57 ms
+#: against 0.63 with 1 MiB blocks, 0.59 with 256 KiB)
+_BLOCK_BYTES = 1 << 19
 _LOCAL = threading.local()
 _ENCODER = msgspec.msgpack.Encoder()
 #: a random fixext16 payload standing for a spliced tensor's bytes in the small document
