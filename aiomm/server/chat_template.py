@@ -5,7 +5,9 @@ special tokens added (the template writes them).
 The async forms run on the event loop for ordinary prompts (a template and a tokenizer call take
 well under a millisecond) and in a worker thread for long text (``LONG_TEXT_CHARS``, encoded with
 the GIL released): a megabyte of prompt text takes about a second to tokenize, which on the loop
-would stall every other request for as long.
+would stall every other request for as long. A short rendered prompt's token ids are kept
+(``RENDERED_TEXTS_KEPT``): requests of one shape render the same text, and its tokenizer call
+costs more than the template's render.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from .errors import ApiError
 
 __all__ = ("ChatRenderer",)
 
+#: rendered prompts whose token ids a renderer keeps (requests of one shape render the same text:
+#: the template writes each image as its placeholder, never its URL)
+RENDERED_TEXTS_KEPT = 256
+#: longer rendered prompts are tokenized each time (hashing them would cost what it saves)
+RENDERED_TEXT_CHARS_KEPT = 4096
+
 
 class ChatRenderer:
     """Renders conversations to token ids with a Hugging Face tokenizer."""
@@ -38,6 +46,8 @@ class ChatRenderer:
         self._template_has_developer = any(
             '"developer"' in t or "'developer'" in t for t in _template_texts(template)
         )
+        # per renderer: its tokenizer's ids (thread-safe; a tuple, so no caller can change it)
+        self._rendered_ids = functools.lru_cache(maxsize=RENDERED_TEXTS_KEPT)(self._encode_tuple)
 
     def render(
         self,
@@ -74,7 +84,10 @@ class ChatRenderer:
             )
         except Exception as exc:  # jinja raises from inside the template on bad input
             raise ApiError(_template_error_reason(exc)) from exc  # vLLM's words: the reason
-        return self.encode(text)
+        if len(text) > RENDERED_TEXT_CHARS_KEPT:
+            return self.encode(text)
+        # a short prompt's tokenizer call costs more than the template's render (~70 us)
+        return list(self._rendered_ids(text))
 
     @functools.cached_property
     def merges_inline_system(self) -> bool:
@@ -85,6 +98,9 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
         return encode_plain(self.tokenizer, text)
+
+    def _encode_tuple(self, text: str) -> tuple[int, ...]:
+        return tuple(self.encode(text))
 
     async def arender(self, conversation: list[dict[str, Any]], **options: Any) -> list[int]:
         """:meth:`render` (the same keyword options), in a worker thread when the

@@ -116,6 +116,40 @@ def test_the_renderer_rewrites_developer_messages_and_empty_content(monkeypatch:
         )
 
 
+class _CountingTokenizer:
+    """A template that writes the user's text, and a tokenizer call that counts its calls."""
+
+    chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **_: Any) -> str:
+        return "".join(str(m["content"]) for m in conversation)
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        self.calls += 1
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_a_rendered_prompt_seen_before_is_not_tokenized_again() -> None:
+    from aiomm.server.chat_template import RENDERED_TEXT_CHARS_KEPT
+
+    tokenizer = _CountingTokenizer()
+    renderer = ChatRenderer(tokenizer)
+    first = renderer.render([{"role": "user", "content": "ab"}])
+    assert first == [97, 98] and tokenizer.calls == 1
+    first.append(0)  # a caller's list is its own
+    assert renderer.render([{"role": "user", "content": "ab"}]) == [97, 98]
+    assert tokenizer.calls == 1
+    assert renderer.render([{"role": "user", "content": "abc"}]) == [97, 98, 99]
+    assert tokenizer.calls == 2
+    long = [{"role": "user", "content": "x" * (RENDERED_TEXT_CHARS_KEPT + 1)}]
+    renderer.render(long)
+    renderer.render(long)
+    assert tokenizer.calls == 4, "a long prompt is tokenized each time, never kept"
+
+
 def test_anthropic_blocks_become_vllms_chat_messages() -> None:
     image = {"type": "image", "source": {"media_type": "image/png", "data": "AAAA"}}
     parsed = parse_anthropic(

@@ -62,6 +62,13 @@ def test_item_pieces_equal_the_plain_encoding(rows: int, width: int) -> None:
             compact.numpy().reshape(rows, 2, 1, width // 2), (rows, 2, 2, width // 2)
         )
         cases.append({"pixel_values": (WireRows(view, "uint8"), FLAT), "g": (grid, BATCHED)})
+        wide = np.broadcast_to(
+            compact.numpy().astype(np.float32).reshape(rows, 2, 1, width // 2),
+            (rows, 2, 3, width // 2),
+        )  # runs of 4-byte values
+        cases.append({"pixel_values": (WireRows(wide, "float32"), FLAT)})
+    # a last axis that is not contiguous: gathered value by value
+    cases.append({"pixel_values": (WireRows(compact.numpy().T, "uint8"), FLAT)})
     for entries in cases:
         pieces = encode_item_pieces(entries)
         assert b"".join(pieces) == encode_item_b64(entries) == _reference(entries)
