@@ -34,6 +34,7 @@ __all__ = (
     "Backend",
     "ReducedImage",
     "Resample",
+    "as_runs",
     "as_tensor_view",
     "backend_of",
     "copy_permuted",
@@ -433,15 +434,15 @@ def _rows_of_rgbx(view: np.ndarray, p: int, m: int) -> np.ndarray:
     size = band_rows * per_band_row * patch + 4
     scratch = _scratch_view("patch_pixels", 1, 1, size)
     gathered = (np.empty(size, np.uint8) if scratch is None else scratch).reshape(-1)
+    into = np.lib.stride_tricks.as_strided(
+        gathered,
+        (band_rows, gw // m, m, m, p, 4 * p - 1),
+        (per_band_row * patch, m * m * patch, m * patch, patch, patch_row, 1),
+    ).view(run)[..., 0]
     out = np.empty((gh * gw, 3, p * p), np.uint8)
     for first in range(0, gh // m, band_rows):
         last = min(gh // m, first + band_rows)
-        into = np.lib.stride_tricks.as_strided(
-            gathered,
-            (last - first, gw // m, m, m, p, 4 * p - 1),
-            (per_band_row * patch, m * m * patch, m * patch, patch, patch_row, 1),
-        ).view(run)[..., 0]
-        np.copyto(into, runs[first:last])
+        np.copyto(into[: last - first], runs[first:last])
         band = out[first * per_band_row : last * per_band_row]
         for channel in range(3):
             numbers = np.ndarray((len(band), p * p), _PIXEL, gathered, offset=channel)
@@ -485,10 +486,16 @@ def permuted_copy(a: np.ndarray, order: Sequence[int], shape: Sequence[int]) -> 
     """``a.transpose(order).reshape(shape)`` as a C-contiguous array (a view of ``a`` when that
     is contiguous already): patch layouts move runs of a patch's width (14 bytes), where
     numpy's strided copy is about twice torch's."""
-    if a.ndim and order[-1] == a.ndim - 1 and a.size and a.strides[-1] == a.itemsize:
-        # The last axis stays last: copy each run as one opaque element, so numpy's inner loop
-        # strides over runs instead of restarting per run (half the time of a 14-byte run).
-        run = np.dtype((np.void, a.shape[-1] * a.itemsize))
-        runs = a.view(run)[..., 0].transpose(order[:-1])
-        return np.ascontiguousarray(runs).view(a.dtype).reshape(shape)
+    runs = as_runs(a) if a.ndim and order[-1] == a.ndim - 1 else None
+    if runs is not None:  # the last axis stays last: half the time of 14-byte runs
+        return np.ascontiguousarray(runs.transpose(order[:-1])).view(a.dtype).reshape(shape)
     return np.ascontiguousarray(a.transpose(order)).reshape(shape)
+
+
+def as_runs(a: np.ndarray) -> np.ndarray | None:
+    """``a`` with each run along its last axis as one opaque element (a view without that axis),
+    or None when that axis is not contiguous (or ``a`` is empty). numpy's copy of such a view
+    strides over whole runs instead of restarting its inner loop for each one."""
+    if not a.ndim or not a.size or a.strides[-1] != a.itemsize:
+        return None
+    return a.view(np.dtype((np.void, a.shape[-1] * a.itemsize)))[..., 0]

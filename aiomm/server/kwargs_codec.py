@@ -22,7 +22,7 @@ import numpy as np
 import pybase64
 import torch
 
-from aiomm.processing.image_ops import numpy_copyable
+from aiomm.processing.image_ops import as_runs, numpy_copyable
 
 __all__ = (
     "Field",
@@ -195,18 +195,15 @@ def _write_rows(out: _B64Writer, rows: np.ndarray) -> None:
     need = min(rows.shape[0], step) * row_bytes
     if buf is None or buf.size < need:
         buf = _LOCAL.rows = np.empty(max(need, 1), np.uint8)
-    # a contiguous last axis moves as one opaque element per run: numpy's inner loop then strides
-    # over runs (Qwen-VL's 196-byte frames) instead of restarting for each (a quarter faster)
-    run = None
-    if rows.ndim > 1 and rows.strides[-1] == rows.itemsize and rows.shape[-1] > 1:
-        run = np.dtype((np.void, rows.shape[-1] * rows.itemsize))
     for start in range(0, rows.shape[0], step):
         block = rows[start : start + step]
         dst = buf[: block.size * block.itemsize].view(block.dtype).reshape(block.shape)
-        if run is None:
+        # Qwen-VL's repeated 196-byte frames as whole runs: a quarter faster than byte rows
+        runs = as_runs(block)
+        if runs is None:
             np.copyto(dst, block)
         else:
-            np.copyto(dst.view(run)[..., 0], block.view(run)[..., 0])
+            np.copyto(as_runs(dst), runs)
         out.write(memoryview(dst.reshape(-1).view(np.uint8)))
     if buf.size > _KEEP_BYTES:
         _LOCAL.rows = None

@@ -114,3 +114,20 @@ def test_patchify_takes_the_pixel_run_path_only_where_it_applies() -> None:
     chw = rgbx[..., :3].contiguous().permute(2, 0, 1)
     out = patchify(chw, patch_size=14, merge_size=2, temporal_patch_size=1)
     assert torch.equal(out, _reference(chw.contiguous(), 14, 2, 1))
+
+
+def test_as_runs_views_a_contiguous_last_axis_as_whole_runs() -> None:
+    import numpy as np
+
+    a = np.arange(2 * 3 * 5, dtype=np.int16).reshape(2, 3, 5)
+    runs = image_ops.as_runs(a)
+    assert runs is not None and runs.shape == (2, 3) and runs.itemsize == 10
+    assert np.shares_memory(runs, a)
+    # a broadcast middle axis keeps its stride: copying the runs repeats whole rows
+    wide = np.broadcast_to(a[:, :, None], (2, 3, 2, 5))
+    out = np.empty(wide.shape, wide.dtype)
+    np.copyto(image_ops.as_runs(out), image_ops.as_runs(wide))
+    assert np.array_equal(out, wide)
+    assert image_ops.as_runs(a.transpose(0, 2, 1)) is None  # last axis strided
+    assert image_ops.as_runs(a[:, :, :0]) is None  # empty
+    assert image_ops.as_runs(np.array(3)) is None  # 0-d
