@@ -1,7 +1,7 @@
 """Every registered architecture through ``aiomm serve``: its offline model folder
 (:mod:`aiomm.adapters.folders`) served by the app, a chat render request with one and with two
-images (PNG data URLs; the Responses and Anthropic endpoints must render the same features, and
-``mm_payload: "none"`` the same ids without tensors), checked against the reference HF
+images (PNG and JPEG data URLs; the Responses and Anthropic endpoints must render the same
+features, and ``mm_payload: "none"`` the same ids without tensors), checked against the reference HF
 processor (``build_hf_processor``) on the same rendered prompt text and the same decoded images:
 
 - ``token_ids`` equal the processor's ``input_ids``;
@@ -49,15 +49,20 @@ SIZES = ((37, 52), (64, 41), (50, 50))
 _TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
 
 
-def _png(seed: int, size: tuple[int, int]) -> bytes:
-    return encode(photo_like(np.random.default_rng(seed), *size), "PNG")
+def _photo(seed: int, size: tuple[int, int], fmt: str) -> bytes:
+    return encode(photo_like(np.random.default_rng(seed), *size), fmt)
 
 
-IMAGES = [_png(i, s) for i, s in enumerate(SIZES)]
+#: PNGs and a JPEG (the JPEG goes through the server's TurboJPEG decode)
+IMAGES = [_photo(i, s, "JPEG" if i == 1 else "PNG") for i, s in enumerate(SIZES)]
+
+
+def _mime(data: bytes) -> str:
+    return "image/jpeg" if data[:2] == b"\xff\xd8" else "image/png"
 
 
 def _data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
+    return f"data:{_mime(data)};base64," + base64.b64encode(data).decode()
 
 
 def _body(images: list[bytes]) -> dict[str, Any]:
@@ -91,7 +96,7 @@ def _anthropic_body(images: list[bytes]) -> dict[str, Any]:
             "type": "image",
             "source": {
                 "type": "base64",
-                "media_type": "image/png",
+                "media_type": p["image_url"]["url"][5:].partition(";")[0],
                 "data": p["image_url"]["url"].partition(",")[2],
             },
         }
@@ -140,7 +145,7 @@ class Reference:
         text = self.tokenizer.apply_chat_template(
             _conversation(images), tokenize=False, add_generation_prompt=True
         )
-        # decoded as vLLM's loader does for RGB PNGs: plain RGB
+        # decoded as vLLM's loader does for RGB PNGs and JPEGs: plain RGB
         pil = [PIL.Image.open(io.BytesIO(d)).convert("RGB") for d in images]
         if not getattr(self.info.processor_cls, "has_hf_transform", True):
             # Llama Nemotron VL: no transformers processor; the independent re-statement
