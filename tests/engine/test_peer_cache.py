@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +33,15 @@ from aiomm.types import Request
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
 PROMPT = f"<|im_start|>user describe {PH}<|im_end|>"
 _seeds = iter(range(20_000, 1_000_000))
+
+
+async def _until(done: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Wait for ``done()``: a serving thread counts an item once its last byte is sent, which
+    may be just after the peer has read that byte."""
+    for _ in range(int(seconds * 100)):
+        if done():
+            return
+        await anyio.sleep(0.01)
 
 
 def new_image() -> bytes:
@@ -78,6 +88,7 @@ async def test_an_item_computed_by_one_worker_is_copied_by_the_other(
         third = await b.process(req(data))
         key = second.item_hashes[0]
         copied = await anyio.to_thread.run_sync(tier(b)._fetch, tier(a).socket_name, key)
+        await _until(lambda: a.stats().cache.shared.served >= 3)
         stats_a, stats_b = a.stats().cache, b.stats().cache
         sockets = {tier(a).socket_name, tier(b).socket_name}
         assert sockets <= names(tmp_path)
@@ -292,6 +303,7 @@ async def test_many_peers_at_once_are_all_served(tmp_path: Path) -> None:
                     tg.start_soon(ask, asker, i)
         assert got == ["hit"] * 24
         assert sum(a.statistics().errors for a in askers) == 0
+        await _until(lambda: owner.statistics().served >= 24)
         assert owner.statistics().served == 24
     finally:
         for asker in askers:
