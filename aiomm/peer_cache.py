@@ -123,6 +123,9 @@ class PeerItemCache:
         max_links: int = 1 << 16,
     ) -> None:
         self.directory = Path(directory)
+        # links are made and read once or twice per item on the event loop: plain strings, not
+        # Path objects
+        self._prefix = os.path.join(self.directory, "")
         self.timeout_s = timeout_s
         self.max_item_bytes = max_item_bytes
         self.max_links = max_links
@@ -266,7 +269,7 @@ class PeerItemCache:
     def _owner(self, name: str) -> str | None:
         """The socket file of another live worker named by the link ``name``, or None."""
         try:
-            target = os.readlink(self.directory / name)
+            target = os.readlink(self._prefix + name)
         except OSError:
             return None
         if target == self.socket_name or not _SOCKET_NAME.fullmatch(target):
@@ -274,12 +277,14 @@ class PeerItemCache:
         return target
 
     def _announce(self, name: str) -> None:
-        tmp = self.directory / f".{name}.{self.socket_name}"
+        tmp = f"{self._prefix}.{name}.{self.socket_name}"
         try:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            os.symlink(self.socket_name, tmp)
-            os.replace(tmp, self.directory / name)  # atomic, even over another worker's link
+            try:
+                os.symlink(self.socket_name, tmp)
+            except FileExistsError:  # left by an announcement that failed half-way
+                os.unlink(tmp)
+                os.symlink(self.socket_name, tmp)
+            os.replace(tmp, self._prefix + name)  # atomic, even over another worker's link
         except OSError as exc:
             log.debug("peer_announce_failed", error=f"{type(exc).__name__}: {exc}")
             return
@@ -293,10 +298,10 @@ class PeerItemCache:
         """Remove the link ``name`` if it still names this worker (another may have replaced
         it since; between the check and the removal a replacement is lost, which only costs a
         recomputation)."""
-        path = self.directory / name
+        path = self._prefix + name
         try:
             if os.readlink(path) == self.socket_name:
-                path.unlink()
+                os.unlink(path)
         except OSError:
             pass
 

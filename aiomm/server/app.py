@@ -32,7 +32,8 @@ from aiomm.engine import Engine
 from aiomm.fetch import MediaFetcher
 from aiomm.logging import get_logger
 
-from .content import parse_anthropic, parse_chat, parse_responses
+from .content import Parsed, parse_anthropic, parse_chat, parse_responses
+from .data_urls import attach, lift_data_urls
 from .errors import ApiError
 from .gateway import Upstream, refuse_unanswerable
 from .json_chunks import ChunkedJSONResponse, dumps_chunks
@@ -208,7 +209,10 @@ def create_app(config: ServerConfig) -> Starlette:
             raise ApiError("the server is starting or stopping", status=503)
         return holder["state"]
 
-    async def body_of(request: Request) -> dict[str, Any]:
+    async def body_of(request: Request, lift: bool = False) -> dict[str, Any]:
+        """The request's JSON object; with ``lift``, its large data-URL payloads are decoded
+        from the raw bytes and left out of the parse (:mod:`.data_urls`, kept in
+        ``request.state.data_urls`` for :func:`parsed_media`)."""
         size = int(request.headers.get("content-length") or 0)
         if size > config.max_body_bytes:
             raise ApiError(
@@ -230,6 +234,10 @@ def create_app(config: ServerConfig) -> Starlette:
                     f"request body above the limit of {config.max_body_bytes} bytes", status=413
                 )
         state().metrics.bytes_in.inc(len(raw))
+        if lift and raw:
+            raw, request.state.data_urls = lift_data_urls(
+                bytes(raw), state().service.fetcher.config.max_bytes
+            )
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -239,12 +247,14 @@ def create_app(config: ServerConfig) -> Starlette:
         return body
 
     def endpoint(
-        name: str, handler: Callable[[Request, dict[str, Any]], Awaitable[Response]]
+        name: str,
+        handler: Callable[[Request, dict[str, Any]], Awaitable[Response]],
+        lift: bool = False,
     ) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             t0 = time.perf_counter()
             try:
-                body = await body_of(request)
+                body = await body_of(request, lift)
                 response: Response | None = None
                 error: ApiError | None = None
                 async with anyio.create_task_group() as tg:
@@ -293,11 +303,28 @@ def create_app(config: ServerConfig) -> Starlette:
 
         return run
 
+    def parsed_media(
+        request: Request, body: dict[str, Any], parse: Callable[[dict[str, Any]], Parsed]
+    ) -> Parsed:
+        """``parse(body)`` with the payloads :func:`body_of` lifted out of it put back."""
+        lifted = getattr(request.state, "data_urls", None)
+        if lifted is None:
+            return parse(body)
+        try:
+            parsed = attach(parse(body), lifted)
+        except ApiError:
+            parsed = None  # its error is the one the body as sent gives
+        # a reference that is not a media URL (or a refused body): parsed as it was sent
+        return parse(orjson.loads(lifted.raw)) if parsed is None else parsed
+
     async def _render(
-        body: dict[str, Any], parse: Callable[[dict[str, Any]], Any], **kwargs: Any
+        request: Request,
+        body: dict[str, Any],
+        parse: Callable[[dict[str, Any]], Parsed],
+        **kwargs: Any,
     ) -> dict[str, Any]:
         s = state()
-        rendered = await s.service.render(parse(body), body, **kwargs)
+        rendered = await s.service.render(parsed_media(request, body, parse), body, **kwargs)
         s.metrics.images.inc(rendered.images)
         s.metrics.cache.labels("hit").inc(rendered.cache_hits)
         s.metrics.cache.labels("miss").inc(rendered.images - rendered.cache_hits)
@@ -306,12 +333,13 @@ def create_app(config: ServerConfig) -> Starlette:
 
     async def chat_render(request: Request, body: dict[str, Any]) -> Response:
         return _render_json(
-            await _render(body, parse_chat, api="chat", header_id=_header_id(request))
+            await _render(request, body, parse_chat, api="chat", header_id=_header_id(request))
         )
 
     async def responses_render(request: Request, body: dict[str, Any]) -> Response:
         return _render_json(
             await _render(
+                request,
                 body,
                 parse_responses,
                 api="responses",
@@ -321,6 +349,7 @@ def create_app(config: ServerConfig) -> Starlette:
     async def messages_render(request: Request, body: dict[str, Any]) -> Response:
         return _render_json(
             await _render(
+                request,
                 body,
                 functools.partial(
                     parse_anthropic,
@@ -369,7 +398,9 @@ def create_app(config: ServerConfig) -> Starlette:
         if s.upstream is None:
             raise ApiError("this server has no --upstream; use the /render endpoints", status=404)
         if chat:
-            gen = await _render(body, parse_chat, api="chat", header_id=_header_id(request))
+            gen = await _render(
+                request, body, parse_chat, api="chat", header_id=_header_id(request)
+            )
         else:
             gens = await s.service.render_text(body, header_id=_header_id(request))
             if len(gens) != 1:
@@ -425,16 +456,16 @@ def create_app(config: ServerConfig) -> Starlette:
             return Response(status_code=503)
         return Response(s.metrics.render(s.engine.stats()), media_type="text/plain; version=0.0.4")
 
-    def post(path: str, name: str, handler: Any) -> Route:
-        return Route(path, endpoint(name, handler), methods=["POST"])
+    def post(path: str, name: str, handler: Any, lift: bool = False) -> Route:
+        return Route(path, endpoint(name, handler, lift), methods=["POST"])
 
     routes = [
-        post("/v1/chat/completions/render", "chat_render", chat_render),
-        post("/v1/responses/render", "responses_render", responses_render),
-        post("/v1/messages/render", "messages_render", messages_render),
+        post("/v1/chat/completions/render", "chat_render", chat_render, lift=True),
+        post("/v1/responses/render", "responses_render", responses_render, lift=True),
+        post("/v1/messages/render", "messages_render", messages_render, lift=True),
         post("/v1/completions/render", "completions_render", completions_render),
         post("/tokenize", "tokenize", tokenize),
-        post("/v1/chat/completions", "chat_completions", chat_completions),
+        post("/v1/chat/completions", "chat_completions", chat_completions, lift=True),
         post("/v1/completions", "completions", completions),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

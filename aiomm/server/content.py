@@ -33,6 +33,8 @@ class ImagePart:
 
     url: str
     uuid: str | None = None
+    #: a data URL's bytes, decoded while the body was read (:mod:`.data_urls`)
+    data: bytes | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

@@ -199,6 +199,8 @@ class RenderService:
         return model
 
     async def _media_bytes(self, part: ImagePart) -> bytes:
+        if part.data is not None:
+            return part.data
         try:
             if part.url[:5].lower() == "data:":
                 return self._data_url(part.url)

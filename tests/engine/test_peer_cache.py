@@ -224,11 +224,16 @@ async def test_links_beyond_max_links_are_removed_oldest_first(tmp_path: Path) -
     async def compute() -> MultiModalKwargsItem:
         return item
 
+    # an announcement that stopped half-way left its temporary link: the next one replaces it
+    stale = tmp_path / f".{peer.link_name('k3')}.{peer.socket_name}"
+    os.symlink("elsewhere", stale)
     try:
         for key in ("k1", "k2", "k3"):
             got, how = await peer.get_or_compute(key, compute)
             assert got is item and how == "computed"
         assert set(links(tmp_path)) == {peer.link_name("k2"), peer.link_name("k3")}
+        assert os.readlink(tmp_path / peer.link_name("k3")) == peer.socket_name
+        assert stale.name not in names(tmp_path)
         assert peer.statistics().links == 2
     finally:
         await peer.aclose()
