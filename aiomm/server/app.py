@@ -179,6 +179,7 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
             float_dtype=model_float_dtype(folder),
             decoder=decoder,
         )
+        stack.push_async_callback(state.service.aclose)
         state.upstream = Upstream(config.upstream, tokenizer) if config.upstream else None
         if state.upstream is not None:
             stack.push_async_callback(state.upstream.aclose)
@@ -454,7 +455,10 @@ def create_app(config: ServerConfig) -> Starlette:
         s = holder.get("state")
         if s is None:
             return Response(status_code=503)
-        return Response(s.metrics.render(s.engine.stats()), media_type="text/plain; version=0.0.4")
+        exposition = s.metrics.render(
+            s.engine.stats(), {"encode": s.service.encode_pool.statistics()}
+        )
+        return Response(exposition, media_type="text/plain; version=0.0.4")
 
     def post(path: str, name: str, handler: Any, lift: bool = False) -> Route:
         return Route(path, endpoint(name, handler, lift), methods=["POST"])

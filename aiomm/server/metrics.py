@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -98,8 +99,14 @@ class ServerMetrics:
         for stage, seconds in timings.items():
             self.stage.labels(stage).observe(seconds)
 
-    def render(self, engine_stats: Any | None) -> bytes:
-        """The exposition text, with the engine's queues and cache refreshed."""
+    def render(self, engine_stats: Any | None, pools: Mapping[str, Any] | None = None) -> bytes:
+        """The exposition text, with the engine's queues and cache refreshed; ``pools``: the
+        server's own worker pools by queue name (``WorkerPoolStatistics``)."""
+        for name, q in (pools or {}).items():
+            self.queue.labels(name).set(q.in_use)
+            self.waiting.labels(name).set(q.waiting)
+            self.capacity.labels(name).set(q.capacity)
+            self.limit.labels(name).set(q.limit)
         if engine_stats is not None:
             for name, q in engine_stats.queues.items():
                 self.queue.labels(name).set(q.in_use)

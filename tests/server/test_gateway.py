@@ -239,6 +239,9 @@ def test_metrics_and_models(gateway: Any, model_folder: Path) -> None:
     # the server's transform threads resized the image in their scratch buffers
     assert float(text.split("\naiomm_scratch_bytes ")[1].split()[0]) > 0
     assert 'aiomm_queue_capacity{queue="transform"}' in text
+    # the threads writing the items' wire form (a render ran above: the pool has started)
+    assert float(text.split('\naiomm_queue_capacity{queue="encode"} ')[1].split()[0]) >= 1
+    assert float(text.split('\naiomm_queue_in_use{queue="encode"} ')[1].split()[0]) == 0
     # idle: the transform queue may use all its threads
     assert float(text.split('\naiomm_queue_limit{queue="transform"} ')[1].split()[0]) >= 1
     assert 'aiomm_cache_events_total_engine{event="evictions"} 0.0' in text
