@@ -235,14 +235,20 @@ def create_app(config: ServerConfig) -> Starlette:
                     f"request body above the limit of {config.max_body_bytes} bytes", status=413
                 )
         state().metrics.bytes_in.inc(len(raw))
+        lifted = None
         if lift and raw:
-            raw, request.state.data_urls = lift_data_urls(
-                bytes(raw), state().service.fetcher.config.max_bytes
-            )
+            raw, lifted = lift_data_urls(raw, state().service.fetcher.config.max_bytes)
+            request.state.data_urls = lifted
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise ApiError(f"malformed JSON body: {exc}") from exc
+            error = exc
+            if lifted is not None:  # the error, with its position, of the body as sent
+                try:
+                    orjson.loads(lifted.raw)
+                except orjson.JSONDecodeError as sent:
+                    error = sent
+            raise ApiError(f"malformed JSON body: {error}") from error
         if not isinstance(body, dict):
             raise ApiError("the JSON body must be an object")
         return body
@@ -307,16 +313,25 @@ def create_app(config: ServerConfig) -> Starlette:
     def parsed_media(
         request: Request, body: dict[str, Any], parse: Callable[[dict[str, Any]], Parsed]
     ) -> Parsed:
-        """``parse(body)`` with the payloads :func:`body_of` lifted out of it put back."""
+        """``parse(body)`` with the payloads :func:`body_of` lifted out of it put back.
+
+        When a reference is not a media part's URL (or the parse refuses the body), ``body`` is
+        replaced in place by the body as it was sent, for every later reader, and parsed again.
+        """
         lifted = getattr(request.state, "data_urls", None)
         if lifted is None:
             return parse(body)
+        request.state.data_urls = None  # the raw body is not held beyond this
         try:
             parsed = attach(parse(body), lifted)
         except ApiError:
             parsed = None  # its error is the one the body as sent gives
-        # a reference that is not a media URL (or a refused body): parsed as it was sent
-        return parse(orjson.loads(lifted.raw)) if parsed is None else parsed
+        # attached: every reference was a media part's URL, so no other field holds one
+        if parsed is None:
+            body.clear()
+            body.update(orjson.loads(lifted.raw))
+            parsed = parse(body)
+        return parsed
 
     async def _render(
         request: Request,

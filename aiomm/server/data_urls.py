@@ -44,11 +44,13 @@ _OPEN = b'"data:'
 class LiftedDataUrls:
     """The payloads taken out of one body (decoded), and the body as it was sent."""
 
-    raw: bytes
+    raw: bytes | bytearray
     payloads: Sequence[bytes]
 
 
-def lift_data_urls(raw: bytes, max_bytes: int) -> tuple[bytes, LiftedDataUrls | None]:
+def lift_data_urls(
+    raw: bytes | bytearray, max_bytes: int
+) -> tuple[bytes | bytearray, LiftedDataUrls | None]:
     """``raw`` with its large base64 data-URL payloads replaced by references, and those
     payloads decoded (None, and ``raw`` itself, when there is none). ``max_bytes``: the
     largest decoded payload taken out (a larger one stays, for the usual size error)."""
@@ -62,7 +64,9 @@ def lift_data_urls(raw: bytes, max_bytes: int) -> tuple[bytes, LiftedDataUrls | 
     while start >= 0:
         comma = raw.find(b",", start + len(_OPEN), start + len(_OPEN) + _MAX_HEADER)
         end = raw.find(b'"', start + 1)
-        if comma < 0 or end < 0 or comma > end:
+        # an escaped quote is inside a string: not a string of its own (in valid JSON a
+        # string's opening quote never follows a backslash)
+        if comma < 0 or end < 0 or comma > end or raw[start - 1 : start] == b"\\":
             start = raw.find(_OPEN, start + 1)
             continue
         data = _decoded(raw, view, start, comma, end, max_bytes)
@@ -78,7 +82,7 @@ def lift_data_urls(raw: bytes, max_bytes: int) -> tuple[bytes, LiftedDataUrls | 
 
 
 def _decoded(
-    raw: bytes, view: memoryview, start: int, comma: int, end: int, max_bytes: int
+    raw: bytes | bytearray, view: memoryview, start: int, comma: int, end: int, max_bytes: int
 ) -> bytes | None:
     """The decoded payload of the string ``raw[start:end + 1]`` when it is taken out."""
     if end - comma - 1 < LIFT_MIN_CHARS or raw.find(b"\\", start, end) >= 0:
@@ -103,7 +107,7 @@ def attach(parsed: Parsed, lifted: LiftedDataUrls) -> Parsed | None:
         out = []
         for part in parts:
             at = part.url.find(",") + 1
-            if at and part.url.startswith(_TOKEN_STR, at):
+            if at and part.url.startswith(_TOKEN_STR, at) and part.url.startswith("data:"):
                 digits = part.url[at + len(_TOKEN_STR) :]
                 index = int(digits) if digits.isascii() and digits.isdigit() else -1
                 if not 0 <= index < len(lifted.payloads) or index in seen:

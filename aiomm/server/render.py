@@ -524,15 +524,18 @@ class RenderService:
             )
         if tensors:
             # megabytes of copying and base64 per image: off the event loop
-            kwargs_data, metadata = await self.encode_pool.run(
-                functools.partial(
-                    encode_items,
-                    result.items,
-                    float_dtype=self.float_dtype,
-                    per_item_slices=self.per_item_slices,
-                    timestamps_field=self.timestamps_field,
+            try:
+                kwargs_data, metadata = await self.encode_pool.run(
+                    functools.partial(
+                        encode_items,
+                        result.items,
+                        float_dtype=self.float_dtype,
+                        per_item_slices=self.per_item_slices,
+                        timestamps_field=self.timestamps_field,
+                    )
                 )
-            )
+            except AiommError as exc:  # the pool closed: the server is stopping (503)
+                raise from_aiomm_error(exc) from exc
             feats["kwargs_data"], feats["mm_metadata"] = {}, {}
             for modality in feats["mm_hashes"]:
                 picked = [i for i, item in enumerate(result.items) if item.modality == modality]

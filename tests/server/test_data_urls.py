@@ -13,11 +13,13 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from aiomm.server.content import parse_chat
 from aiomm.server.data_urls import LIFT_MIN_CHARS, attach, lift_data_urls
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import RECORDED_MODEL
 
 CASE = json.loads((Path(__file__).parent / "fixtures" / "chat_jpeg.json").read_text())
 DATA = os.urandom(9000)
@@ -61,6 +63,12 @@ def test_large_base64_payloads_are_decoded_and_the_rest_stays_in_the_body() -> N
 def test_payloads_with_escapes_above_the_limit_or_none_leave_the_body_as_it_is() -> None:
     escaped = _chat(_image("data:image/png;base64," + B64)).replace(b"/", b"\\/")
     assert lift_data_urls(escaped, 1 << 20) == (escaped, None)
+    # a data URL quoted inside another string is part of that string
+    quoted = _chat(_image('"data:image/png;base64,' + B64))
+    assert b'\\"data:' in quoted and lift_data_urls(quoted, 1 << 20) == (quoted, None)
+    gathered = bytearray(_chat(_image("data:image/png;base64," + B64)))  # a body read in pieces
+    _, lifted = lift_data_urls(gathered, 1 << 20)
+    assert lifted is not None and lifted.raw is gathered and list(lifted.payloads) == [DATA]
     raw = _chat(_image("data:image/png;base64," + B64))
     assert lift_data_urls(raw, len(DATA) - 10) == (raw, None)  # the usual size error follows
     assert lift_data_urls(raw, len(DATA))[1] is not None
@@ -78,6 +86,12 @@ def test_a_payload_that_is_not_a_media_url_sends_the_body_back_to_be_parsed_whol
         lifted_raw, lifted = lift_data_urls(raw, 1 << 20)
         assert lifted is not None
         assert attach(parse_chat(orjson.loads(lifted_raw)), lifted) is None
+    # a reference counts only as a data URL's payload
+    raw = _chat(_image("data:image/png;base64," + B64))
+    lifted_raw, lifted = lift_data_urls(raw, 1 << 20)
+    assert lifted is not None
+    elsewhere = lifted_raw.replace(b"data:image/png;base64,", b"https://h/a,")
+    assert attach(parse_chat(orjson.loads(elsewhere)), lifted) is None
 
 
 def _post(server: Any, raw: bytes) -> httpx.Response:
@@ -115,6 +129,16 @@ def test_a_text_that_is_a_data_url_is_rendered_as_sent(live_server: Any) -> None
     assert r.json()["features"]["mm_hashes"] == CASE["response"]["features"]["mm_hashes"]
 
 
+def test_a_field_that_is_a_data_url_reaches_the_response_as_sent(live_server: Any) -> None:
+    body = json.loads(json.dumps(CASE["body"]))
+    note = "data:text/plain;base64," + B64
+    body["chat_template_kwargs"] = {"note": note}
+    r = _post(live_server, json.dumps(body).encode())
+    assert r.status_code == 200, r.text
+    assert r.json()["features"] == CASE["response"]["features"]
+    assert r.json()["parse_context"]["chat_template_kwargs"]["note"] == note
+
+
 def test_bad_payloads_get_the_errors_of_the_body_parsed_whole(live_server: Any) -> None:
     url = CASE["body"]["messages"][0]["content"][1]["image_url"]["url"]
     raw = json.dumps(CASE["body"]).encode()
@@ -126,5 +150,42 @@ def test_bad_payloads_get_the_errors_of_the_body_parsed_whole(live_server: Any) 
     bad = raw.replace(payload, payload[:cut] + b"!" + payload[cut + 1 :])
     r = _post(live_server, bad)
     assert r.status_code == 400 and "malformed base64" in r.json()["error"]["message"], r.text
+    trailing = (
+        raw[:-1] + b",}"
+    )  # malformed JSON after the payload: its error names the body's own position
+    r = _post(live_server, trailing)
+    try:
+        orjson.loads(trailing)
+    except orjson.JSONDecodeError as exc:
+        expected = str(exc)
+    assert r.status_code == 400 and expected in r.json()["error"]["message"], r.text
     r = _post(live_server, raw)  # and the next request is fine
     assert r.status_code == 200 and r.json()["features"] == CASE["response"]["features"]
+
+
+def test_a_render_after_the_encode_pool_closed_is_a_503(
+    model_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starlette.testclient import TestClient
+
+    import aiomm.server.render
+    from aiomm.server import ServerConfig, create_app
+    from aiomm.worker_pool import WorkerPool
+
+    class Closed(WorkerPool):  # the pool of a server that is stopping
+        async def run(self, fn: Any, *args: object) -> Any:
+            await self.aclose()
+            return await super().run(fn, *args)
+
+    monkeypatch.setattr(aiomm.server.render, "WorkerPool", Closed)
+    app = create_app(
+        ServerConfig(
+            model=str(model_folder),
+            model_id=RECORDED_MODEL,
+            served_model_names=(RECORDED_MODEL,),
+        )
+    )
+    with TestClient(app) as client:
+        r = client.post(CASE["path"], json=CASE["body"])
+    assert r.status_code == 503, r.text
+    assert "worker threads are closed" in r.json()["error"]["message"]
