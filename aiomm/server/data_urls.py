@@ -28,7 +28,15 @@ import pybase64
 
 from .content import ImagePart, Parsed
 
-__all__ = ("LIFT_MIN_CHARS", "LiftedDataUrls", "attach", "lift_data_urls")
+__all__ = (
+    "LIFT_MIN_CHARS",
+    "LiftedDataUrls",
+    "attach",
+    "is_base64_header",
+    "lift_data_urls",
+    "payload_size",
+    "payload_too_large",
+)
 
 #: payloads shorter than this stay in the body (nothing to gain)
 LIFT_MIN_CHARS = 4096
@@ -38,6 +46,22 @@ _MAX_HEADER = 256
 _TOKEN_STR = "#aiomm-" + secrets.token_hex(12) + "-"
 _TOKEN = _TOKEN_STR.encode()
 _OPEN = b'"data:'
+
+
+def is_base64_header(header: str) -> bool:
+    """Whether a data URL's header (between ``data:`` and the comma) ends in ``;base64``."""
+    return header.rsplit(";", 1)[-1].strip().lower() == "base64"
+
+
+def payload_size(chars: int) -> int:
+    """The decoded size of a base64 payload of ``chars`` characters, before its padding."""
+    return chars // 4 * 3
+
+
+def payload_too_large(chars: int, max_bytes: int) -> bool:
+    """Whether a payload of ``chars`` characters decodes to more than ``max_bytes`` (the two
+    bytes padding may take off are given the benefit of the doubt)."""
+    return payload_size(chars) > max_bytes + 2
 
 
 @dataclass(frozen=True)
@@ -88,9 +112,9 @@ def _decoded(
     if end - comma - 1 < LIFT_MIN_CHARS or raw.find(b"\\", start, end) >= 0:
         return None  # small, or escapes in it: JSON's own reading decides
     header = raw[start + len(_OPEN) : comma]
-    if not header.isascii() or header.rsplit(b";", 1)[-1].strip().lower() != b"base64":
+    if not header.isascii() or not is_base64_header(header.decode("ascii")):
         return None
-    if (end - comma - 1) // 4 * 3 > max_bytes + 2:  # the size check of a data URL's payload
+    if payload_too_large(end - comma - 1, max_bytes):  # left for the usual size error
         return None
     try:
         return pybase64.b64decode(view[comma + 1 : end], validate=True)

@@ -102,17 +102,13 @@ class ServerMetrics:
     def render(self, engine_stats: Any | None, pools: Mapping[str, Any] | None = None) -> bytes:
         """The exposition text, with the engine's queues and cache refreshed; ``pools``: the
         server's own worker pools by queue name (``WorkerPoolStatistics``)."""
-        for name, q in (pools or {}).items():
+        queues = {**(pools or {}), **(engine_stats.queues if engine_stats is not None else {})}
+        for name, q in queues.items():
             self.queue.labels(name).set(q.in_use)
             self.waiting.labels(name).set(q.waiting)
             self.capacity.labels(name).set(q.capacity)
             self.limit.labels(name).set(q.limit)
         if engine_stats is not None:
-            for name, q in engine_stats.queues.items():
-                self.queue.labels(name).set(q.in_use)
-                self.waiting.labels(name).set(q.waiting)
-                self.capacity.labels(name).set(q.capacity)
-                self.limit.labels(name).set(q.limit)
             cache = engine_stats.cache
             for event in ("hits", "misses", "joins", "evictions", "oversize_skips"):
                 value = getattr(cache, event, None)

@@ -51,6 +51,7 @@ from aiomm.worker_pool import WorkerPool
 
 from .chat_template import ChatRenderer
 from .content import ImagePart, Parsed
+from .data_urls import is_base64_header, payload_size, payload_too_large
 from .errors import ApiError, from_aiomm_error
 from .json_chunks import PiecesString
 from .kwargs_codec import Field, WireRows, encode_item_pieces
@@ -229,13 +230,13 @@ class RenderService:
         comma = url.find(",", 5)
         header = url[5:comma] if comma >= 0 else url[5:45]
         shown = f"data:{header[:40]},..."
-        if comma < 0 or header.rsplit(";", 1)[-1].strip().lower() != "base64":
+        if comma < 0 or not is_base64_header(header):
             raise InvalidSourceError(
                 "image data URLs must be data:<mime>;base64,<payload>", source=shown
             )
         limit = self.fetcher.config.max_bytes
-        decoded = (len(url) - comma - 1) // 4 * 3  # about, before padding
-        if decoded > limit + 2:
+        if payload_too_large(len(url) - comma - 1, limit):
+            decoded = payload_size(len(url) - comma - 1)
             raise DownloadTooLargeError(
                 f"data URL payload of about {decoded} bytes is above the limit of {limit} bytes",
                 source=shown,

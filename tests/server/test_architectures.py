@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -37,6 +38,7 @@ from aiomm.adapters import get_adapter_info, supported_adapters
 from aiomm.adapters.folders import write_model_folder
 from aiomm.samples import encode, photo_like
 from aiomm.server import ServerConfig, create_app
+from aiomm.server.data_urls import lift_data_urls
 from aiomm.server.kwargs_codec import Field, TensorValue, decode_item
 from aiomm.server.render import model_float_dtype
 
@@ -55,6 +57,13 @@ def _photo(seed: int, size: tuple[int, int], fmt: str) -> bytes:
 
 #: PNGs and a JPEG (the JPEG goes through the server's TurboJPEG decode)
 IMAGES = [_photo(i, s, "JPEG" if i == 1 else "PNG") for i, s in enumerate(SIZES)]
+
+
+def test_the_server_tests_send_lifted_and_parsed_data_urls() -> None:
+    # every architecture's renders below take both request paths: the PNGs' payloads decoded
+    # from the body's bytes (aiomm.server.data_urls), the small JPEG's parsed with the JSON
+    _, lifted = lift_data_urls(json.dumps(_body(IMAGES)).encode(), 1 << 30)
+    assert lifted is not None and list(lifted.payloads) == [IMAGES[0], IMAGES[2]]
 
 
 def _mime(data: bytes) -> str:
