@@ -15,6 +15,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import httpx
 import orjson
 from tokenizers.decoders import DecodeStream
@@ -26,6 +28,13 @@ from .json_chunks import dumps as dumps_json
 from .request_values import flag
 
 __all__ = ("IncrementalText", "Upstream", "refuse_unanswerable")
+
+
+async def _request_body(gen: dict[str, Any]) -> bytes:
+    """``gen`` as one JSON body, in a worker thread: its items' base64 (megabytes per image) is
+    made as it is joined."""
+    return await anyio.to_thread.run_sync(dumps_json, gen)
+
 
 #: sampling params the gateway's answers cannot carry
 _UNANSWERABLE = {
@@ -149,7 +158,7 @@ class Upstream:
         try:
             resp = await self.client.post(
                 "/inference/v1/generate",
-                content=dumps_json(gen),
+                content=await _request_body(gen),
                 headers={"content-type": "application/json"},
             )
         except httpx.HTTPError as exc:
@@ -246,7 +255,7 @@ class Upstream:
             async with self.client.stream(
                 "POST",
                 "/inference/v1/generate",
-                content=dumps_json(gen),
+                content=await _request_body(gen),
                 headers={"content-type": "application/json"},
             ) as resp:
                 if resp.status_code != 200:

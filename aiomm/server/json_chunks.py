@@ -2,24 +2,37 @@
 
 A render response carries one base64 string of several megabytes per image. Building it as one
 ``bytes`` object costs two full copies (quoting the string, then the document), all on the event
-loop. Here such a value is a :class:`PiecesString` (the pieces the item encoder made in a worker
-thread); :func:`dumps_chunks` writes the small rest of the document with orjson and splices the
-pieces in, and :class:`ChunkedJSONResponse` sends the chunks one by one with a
+loop. Here such a value is a :class:`PiecesString` (pieces from the item encoder, made already or
+made as they are read); :func:`dumps_chunks` writes the small rest of the document with orjson
+and splices the values in, and :class:`ChunkedJSONResponse` sends the chunks one by one with a
 ``Content-Length``, so the bytes on the wire equal ``orjson.dumps`` of the plain document.
+
+A value whose pieces are made as they are read (:class:`~.kwargs_codec.ItemB64`) is encoded by
+the response while it sends: each piece goes to the socket right after it is made, still in the
+core's cache. Made all at once before the response, a 7 MB item's pieces had left the cache by
+the time they were sent (base64 into cold memory, then the kernel's copy from it).
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import orjson
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ("ChunkedJSONResponse", "PiecesString", "dumps", "dumps_chunks", "plain")
+__all__ = (
+    "ChunkedJSONResponse",
+    "LazyPieces",
+    "PiecesString",
+    "dumps",
+    "dumps_chunks",
+    "iter_chunks",
+    "plain",
+)
 
 #: chunks below this size are merged with their neighbours before they are sent
 _MERGE_BYTES = 1 << 16
@@ -29,14 +42,27 @@ _MARK = secrets.token_hex(16).encode()
 _MARK_FRAGMENT = orjson.Fragment(b'"' + _MARK + b'"')
 
 
+class LazyPieces(Protocol):
+    """Pieces made as they are read (each iteration makes them again), of known total size."""
+
+    nbytes: int
+
+    def __iter__(self) -> Any: ...
+
+
 class PiecesString:
-    """A JSON string value given as ASCII pieces that need no escaping (base64)."""
+    """A JSON string value given as ASCII pieces that need no escaping (base64): a sequence of
+    them, or :class:`LazyPieces` made while the value is sent."""
 
     __slots__ = ("nbytes", "pieces")
 
-    def __init__(self, pieces: Sequence[bytes]) -> None:
-        self.pieces = list(pieces)
-        self.nbytes = sum(len(p) for p in self.pieces)
+    def __init__(self, pieces: Sequence[bytes] | LazyPieces) -> None:
+        self.pieces: Iterable[bytes]
+        if isinstance(pieces, Sequence):
+            self.pieces = list(pieces)
+            self.nbytes = sum(len(p) for p in self.pieces)
+        else:
+            self.pieces, self.nbytes = pieces, pieces.nbytes
 
     def __str__(self) -> str:
         return b"".join(self.pieces).decode("ascii")
@@ -52,32 +78,33 @@ def _default(found: list[PiecesString]) -> Any:
     return default
 
 
-def dumps_chunks(obj: Any) -> list[bytes]:
-    """``obj`` as JSON in chunks (each :class:`PiecesString` spliced in, not copied)."""
+def dumps_chunks(obj: Any) -> list[bytes | PiecesString]:
+    """``obj`` as JSON in chunks: the document's own bytes, with each :class:`PiecesString`
+    a chunk of its own between them (spliced in, not copied; its pieces are made, if they are
+    made as they are read, when the chunks are)."""
     found: list[PiecesString] = []
     skeleton = orjson.dumps(obj, default=_default(found))
     if not found:
         return [skeleton]
     parts = skeleton.split(_MARK)
-    chunks: list[bytes] = []
-    small = bytearray(parts[0])
+    chunks: list[bytes | PiecesString] = [parts[0]]
     for value, after in zip(found, parts[1:], strict=True):
-        for piece in value.pieces:
-            if len(piece) < _MERGE_BYTES:
-                small += piece
-                continue
-            if small:
-                chunks.append(bytes(small))
-                small = bytearray()
-            chunks.append(piece)
-        small += after
-    chunks.append(bytes(small))
+        chunks += (value, after)
     return chunks
+
+
+def iter_chunks(chunks: Iterable[bytes | PiecesString]) -> Iterable[bytes]:
+    """The bytes of :func:`dumps_chunks`' chunks, in order (a value's pieces made here)."""
+    for chunk in chunks:
+        if isinstance(chunk, PiecesString):
+            yield from chunk.pieces
+        else:
+            yield chunk
 
 
 def dumps(obj: Any) -> bytes:
     """``obj`` as one JSON ``bytes`` (for small documents and clients that need one buffer)."""
-    return b"".join(dumps_chunks(obj))
+    return b"".join(iter_chunks(dumps_chunks(obj)))
 
 
 def plain(obj: Any) -> Any:
@@ -91,19 +118,38 @@ def plain(obj: Any) -> Any:
     return obj
 
 
+def _merged(pieces: Iterable[bytes]) -> Iterable[bytes]:
+    """``pieces`` with runs of small ones joined (one send each costs a write)."""
+    small = bytearray()
+    for piece in pieces:
+        if len(piece) < _MERGE_BYTES:
+            small += piece
+            continue
+        if small:
+            yield bytes(small)
+            small = bytearray()
+        yield piece
+    if small:
+        yield bytes(small)
+
+
 class ChunkedJSONResponse(Response):
-    """A JSON response sent as the chunks of :func:`dumps_chunks` (one ASGI body message each,
-    with ``Content-Length``: no chunked transfer encoding, no joined copy)."""
+    """A JSON response sent as the chunks of :func:`dumps_chunks` (an ASGI body message per
+    large piece, small ones merged, with ``Content-Length``: no chunked transfer encoding, no
+    joined copy)."""
 
     media_type = "application/json"
 
     def __init__(
-        self, chunks: list[bytes], status_code: int = 200, background: BackgroundTask | None = None
+        self,
+        chunks: list[bytes | PiecesString],
+        status_code: int = 200,
+        background: BackgroundTask | None = None,
     ) -> None:
         if not chunks:  # the last chunk ends the body: without one the response never ends
             raise ValueError("a chunked JSON response needs at least one chunk")
         self.chunks = chunks
-        self.body_length = sum(len(c) for c in chunks)
+        self.body_length = sum(c.nbytes if isinstance(c, PiecesString) else len(c) for c in chunks)
         self.status_code = status_code
         self.background = background
         self.body = b""
@@ -119,8 +165,16 @@ class ChunkedJSONResponse(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        last = len(self.chunks) - 1
-        for i, chunk in enumerate(self.chunks):
-            await send({"type": "http.response.body", "body": chunk, "more_body": i < last})
+        sent = 0
+        for piece in _merged(iter_chunks(self.chunks)):
+            sent += len(piece)
+            # the Content-Length is sent: a value that made other bytes must not end as a
+            # well-formed response
+            if sent > self.body_length:
+                raise RuntimeError(f"the body outgrew its Content-Length {self.body_length}")
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        if sent != self.body_length:
+            raise RuntimeError(f"a body of {sent} bytes for Content-Length {self.body_length}")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
         if self.background is not None:
             await self.background()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +26,13 @@ from aiomm.processing.image_ops import as_runs, numpy_copyable
 
 __all__ = (
     "Field",
+    "ItemB64",
     "TensorValue",
     "WireRows",
     "decode_item",
     "encode_item",
     "encode_item_b64",
+    "encode_item_lazy",
     "encode_item_pieces",
     "tensor_wire",
 )
@@ -117,16 +119,6 @@ def _c_order_bytes(tensor: torch.Tensor) -> np.ndarray:
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
-def _doc(entries: Mapping[str, tuple[Any, Field]]) -> dict[str, Any]:
-    return {
-        key: {
-            "data": tensor_wire(value) if isinstance(value, torch.Tensor) else value,
-            "field": fld.wire(),
-        }
-        for key, (value, fld) in entries.items()
-    }
-
-
 @dataclass(frozen=True)
 class WireRows:
     """A tensor given as a numpy view (any strides): on the wire it is
@@ -145,7 +137,7 @@ class WireRows:
 class _B64Writer:
     """Base64 of a byte stream written in pieces; small writes are gathered, large ones are
     encoded from their own memory (cut at multiples of 3 bytes, so the pieces concatenate to
-    the base64 of the whole stream)."""
+    the base64 of the whole stream). :meth:`take` hands over the pieces made so far."""
 
     def __init__(self) -> None:
         self.pieces: list[bytes] = []
@@ -167,11 +159,15 @@ class _B64Writer:
             self.pieces.append(pybase64.b64encode(view[:cut]))
         self._pending += view[cut:]
 
+    def take(self) -> list[bytes]:
+        pieces, self.pieces = self.pieces, []
+        return pieces
+
     def close(self) -> list[bytes]:
         if self._pending:
             self.pieces.append(pybase64.b64encode(self._pending))
             self._pending = bytearray()
-        return self.pieces
+        return self.take()
 
 
 def _ext_header(size: int) -> bytes:
@@ -185,9 +181,12 @@ def _ext_header(size: int) -> bytes:
     return b"\xc9" + size.to_bytes(4, "big") + bytes((_EXT_TENSOR,))
 
 
-def _write_rows(out: _B64Writer, rows: np.ndarray) -> None:
+def _write_rows(out: _B64Writer, rows: np.ndarray) -> Iterator[None]:
+    """Write ``rows``' C-order bytes to ``out``, yielding after each block (its base64 is then
+    in ``out``, and the block's buffer free for the next)."""
     if rows.flags.c_contiguous:
         out.write(memoryview(rows.reshape(-1).view(np.uint8)))
+        yield
         return
     row_bytes = max(1, rows.itemsize * (rows.size // max(1, rows.shape[0])))
     step = max(1, _BLOCK_BYTES // row_bytes)
@@ -204,18 +203,46 @@ def _write_rows(out: _B64Writer, rows: np.ndarray) -> None:
             np.copyto(dst, block)
         else:
             np.copyto(as_runs(dst), runs)
+        # no yield between the copy and this write: a generator that runs meanwhile on this
+        # thread may fill the same buffer
         out.write(memoryview(dst.reshape(-1).view(np.uint8)))
+        yield
     if buf.size > _KEEP_BYTES:
         _LOCAL.rows = None
 
 
-def encode_item_pieces(entries: Mapping[str, tuple[Any, Field]]) -> list[bytes]:
-    """Base64 (ASCII) of one item, as pieces whose concatenation is the item's string.
+class ItemB64:
+    """The base64 (ASCII) of one item, made while it is read: iterating gives pieces whose
+    concatenation is the item's string, :attr:`nbytes` long, each made just before it is
+    handed over (a sender writes it while it is still in the core's cache). Iterating again
+    makes the pieces again; the item's tensors must not change meanwhile."""
+
+    __slots__ = ("_heads", "_tail", "_tensors", "nbytes")
+
+    def __init__(self, heads: list[bytes], tensors: list[np.ndarray], tail: bytes) -> None:
+        self._heads, self._tensors, self._tail = heads, tensors, tail
+        size = len(tail) + sum(
+            len(h) + r.size * r.itemsize for h, r in zip(heads, tensors, strict=True)
+        )
+        self.nbytes = 4 * ((size + 2) // 3)
+
+    def __iter__(self) -> Iterator[bytes]:
+        out = _B64Writer()
+        for head, rows in zip(self._heads, self._tensors, strict=True):
+            out.write(head)
+            for _ in _write_rows(out, rows):
+                yield from out.take()
+        out.write(self._tail)
+        yield from out.close()
+
+
+def encode_item_lazy(entries: Mapping[str, tuple[Any, Field]]) -> ItemB64:
+    """One item as an :class:`ItemB64`: its small msgpack document is written now, its large
+    tensors are encoded from their memory while the pieces are read (the item is never one
+    contiguous msgpack buffer, nor one base64 string).
 
     ``entries`` maps each key (in wire order) to ``(value, field)``; a value is a CPU tensor,
-    a :class:`WireRows`, an already built wire tensor, None or a number. Large tensors are
-    encoded straight from their memory: the item is never one contiguous msgpack buffer, and the
-    pieces can be sent as they are.
+    a :class:`WireRows`, an already built wire tensor, None or a number.
     """
     spliced: list[np.ndarray] = []
 
@@ -234,13 +261,17 @@ def encode_item_pieces(entries: Mapping[str, tuple[Any, Field]]) -> list[bytes]:
     parts = _ENCODER.encode(doc).split(_MARK_ENCODED)
     if len(parts) != len(spliced) + 1:  # the random mark cannot occur in a small document
         raise RuntimeError("the tensor mark occurs in the item's own bytes")
-    out = _B64Writer()
-    for head, rows in zip(parts, spliced, strict=False):
-        out.write(head)
-        out.write(_ext_header(rows.size * rows.itemsize))
-        _write_rows(out, rows)
-    out.write(parts[-1])
-    return out.close()
+    heads = [
+        head + _ext_header(rows.size * rows.itemsize)
+        for head, rows in zip(parts[:-1], spliced, strict=True)
+    ]
+    return ItemB64(heads, spliced, parts[-1])
+
+
+def encode_item_pieces(entries: Mapping[str, tuple[Any, Field]]) -> list[bytes]:
+    """Base64 (ASCII) of one item, as pieces whose concatenation is the item's string
+    (:func:`encode_item_lazy`, all made now)."""
+    return list(encode_item_lazy(entries))
 
 
 def encode_item_b64(entries: Mapping[str, tuple[Any, Field]]) -> bytes:

@@ -54,7 +54,7 @@ from .content import ImagePart, Parsed
 from .data_urls import is_base64_header, payload_size, payload_too_large
 from .errors import ApiError, from_aiomm_error
 from .json_chunks import PiecesString
-from .kwargs_codec import Field, WireRows, encode_item_pieces
+from .kwargs_codec import Field, WireRows, encode_item_lazy, encode_item_pieces
 from .media import VllmDecoder, converts_mode
 from .mm_hash import image_mm_hash, video_mm_hash
 from .request_fields import own_fields, refuse_nulls
@@ -146,8 +146,9 @@ class RenderService:
     ) -> None:
         """``float_dtype``: what floating-point tensors are cast to on the wire, as vLLM casts
         them to the model's dtype (:func:`model_float_dtype`); None keeps them. ``decoder``: the
-        engine's, whose video headers the hashes reuse. ``encode_threads``: threads writing the
-        items' wire form (default: one per core); :meth:`aclose` ends them."""
+        engine's, whose video headers the hashes reuse. ``encode_threads``: threads building the
+        items' wire documents and casting their tensors (default: one per core; the tensors'
+        base64 is made as the response sends it); :meth:`aclose` ends them."""
         video_processor = getattr(engine.processor, "video_processor", None)
         loader = video_loader(hf_class_name(video_processor))
         #: whether vLLM's video loader for this model is one aiomm reproduces
@@ -524,7 +525,8 @@ class RenderService:
                 self.video_delimiters,
             )
         if tensors:
-            # megabytes of copying and base64 per image: off the event loop
+            # the items' documents and dtype casts (megabytes each) off the event loop; their
+            # tensors' base64 is made while the response sends it (json_chunks)
             try:
                 kwargs_data, metadata = await self.encode_pool.run(
                     functools.partial(
@@ -976,9 +978,11 @@ def encode_items(
     per_item_slices: bool = False,
     timestamps_field: bool = True,
 ) -> tuple[list[PiecesString], list[PiecesString]]:
-    """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, each as the
-    base64 pieces the response writer sends without joining them (CPU work: call it in a
-    worker thread). ``float_dtype``: floating-point tensors are cast to it (vLLM's model dtype).
+    """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, as base64
+    pieces the response writer sends without joining them: ``kwargs_data``'s are made as they
+    are sent (:class:`~.kwargs_codec.ItemB64`), from the items' tensors, which stay unchanged.
+    Casts can be CPU work: call it in a worker thread. ``float_dtype``: floating-point tensors
+    are cast to it (vLLM's model dtype).
 
     A flat field's slices describe the whole request's batch (every item carries all of them,
     as vLLM's do); with ``per_item_slices`` each item's describe only its own rows, as vLLM's
@@ -1013,7 +1017,7 @@ def encode_items(
             values["timestamps"] = [float(s) for s in seconds]
             fields["timestamps"] = Field("batched", {"keep_on_cpu": True})
         entries = {k: (values[k], fields[k]) for k in _ordered(values)}
-        kwargs_data.append(PiecesString(encode_item_pieces(entries)))
+        kwargs_data.append(PiecesString(encode_item_lazy(entries)))
         meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
         metadata.append(PiecesString(encode_item_pieces(meta)))
     return kwargs_data, metadata

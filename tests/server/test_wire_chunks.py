@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
+from typing import Any
 
+import anyio
 import msgspec
 import numpy as np
 import orjson
@@ -18,6 +19,7 @@ from aiomm.server.kwargs_codec import (
     WireRows,
     decode_item,
     encode_item_b64,
+    encode_item_lazy,
     encode_item_pieces,
     tensor_wire,
 )
@@ -71,9 +73,14 @@ def test_item_pieces_equal_the_plain_encoding(rows: int, width: int) -> None:
     cases.append({"pixel_values": (WireRows(compact.numpy().T, "uint8"), FLAT)})
     for entries in cases:
         pieces = encode_item_pieces(entries)
-        assert b"".join(pieces) == encode_item_b64(entries) == _reference(entries)
+        want = _reference(entries)
+        assert b"".join(pieces) == encode_item_b64(entries) == want
         # every piece but the last is whole base64 quanta, so pieces can be sent as they are
         assert all(len(p) % 4 == 0 for p in pieces)
+        # made as they are read: the size is known before, and a second reading is the same
+        lazy = encode_item_lazy(entries)
+        assert lazy.nbytes == len(want)
+        assert b"".join(lazy) == want and b"".join(lazy) == want
 
 
 def test_a_large_repeated_item_decodes_to_the_expanded_rows() -> None:
@@ -105,8 +112,9 @@ def test_tensor_wire_is_the_c_order_bytes(tensor: torch.Tensor) -> None:
 
 
 def test_encoding_a_qwen_vl_item_makes_no_torch_call_that_releases_the_gil() -> None:
-    """The render server encodes every response's items in worker threads: a torch call there
-    releases the GIL, and the thread then waits to get it back (image_ops' module docstring)."""
+    """The render server writes every response's items in worker threads and, as it sends
+    them, on the event loop: a torch call there releases the GIL, and the thread then waits to
+    get it back (image_ops' module docstring)."""
     from torch_calls import NO_GIL_RELEASE, torch_calls
 
     from aiomm.adapters import build_processor
@@ -114,7 +122,11 @@ def test_encoding_a_qwen_vl_item_makes_no_torch_call_that_releases_the_gil() -> 
 
     pixels = np.random.default_rng(3).integers(0, 256, (100, 130, 3), dtype=np.uint8)
     items = build_processor("qwen2-vl").process_items({"image": [pixels]}, {})["image"]
-    encode = functools.partial(encode_items, items, float_dtype=torch.bfloat16)  # as served
+
+    def encode() -> tuple[list[str], list[str]]:
+        data, meta = encode_items(items, float_dtype=torch.bfloat16)  # as served
+        return [str(d) for d in data], [str(m) for m in meta]  # the pieces made, as sent
+
     encode()
     (pieces, meta), calls = torch_calls(encode)
     assert pieces and meta
@@ -159,11 +171,17 @@ def test_dumps_chunks_splices_pieces_into_orjson_output() -> None:
         },
         "echo": 'a client string with "quotes" and \u00e9',
     }
+    from aiomm.server.json_chunks import ChunkedJSONResponse, iter_chunks
+
     chunks = dumps_chunks(doc)
     expected = orjson.dumps(plain(doc))
-    assert b"".join(chunks) == dumps(doc) == expected
+    assert b"".join(iter_chunks(chunks)) == dumps(doc) == expected
+    messages, body = _send_through(ChunkedJSONResponse(chunks))
+    assert body == expected
     # the big pieces are sent as they are (the same objects), small ones merged around them
-    assert any(c is big[0] for c in chunks) and len(chunks) < 8
+    sent = [m["body"] for m in messages[1:]]
+    assert [b is p for b, p in zip(sent[1:4], big, strict=True)] == [True] * 3
+    assert len(sent) == 6  # the head, 3 big pieces, the merged rest, the end
     assert dumps_chunks({"a": 1}) == [b'{"a":1}']
     with pytest.raises(TypeError):
         dumps_chunks({"a": object()})
@@ -192,3 +210,84 @@ def test_request_features_send_timestamps_as_the_loaders_model_does(
     assert ("timestamps" in decoded) is field
     if field:
         assert decode_item(features["kwargs_data"]["video"][0])["timestamps"][0] == [0.0, 1.0]
+
+
+def _big_item(seed: int, rows: int = 3000) -> dict[str, Any]:
+    compact = np.random.default_rng(seed).integers(0, 256, (rows, 588), np.uint8)
+    view = np.broadcast_to(compact.reshape(rows, 3, 1, 196), (rows, 3, 2, 196))
+    return {"pixel_values": (WireRows(view, "uint8"), FLAT)}
+
+
+def test_lazy_items_read_in_turns_on_one_thread_keep_their_own_bytes() -> None:
+    """Two responses' items made piece by piece in turns on one thread (the event loop sends
+    two responses at once): their blocks share the thread's row buffer, and neither sees the
+    other's rows."""
+    entries = [_big_item(1), _big_item(2, rows=2000)]
+    made: list[list[bytes]] = [[], []]
+    readers = [iter(encode_item_lazy(e)) for e in entries]
+    for pair in itertools.zip_longest(*readers):
+        for i, piece in enumerate(pair):
+            if piece is not None:
+                made[i].append(piece)
+    for pieces, e in zip(made, entries, strict=True):
+        assert len(pieces) > 2  # made in blocks, so the turns interleaved them
+        assert b"".join(pieces) == _reference(e)
+
+
+def _send_through(response: Any) -> tuple[list[dict[str, Any]], bytes]:
+    messages: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    anyio.run(response, {"type": "http"}, receive, send)
+    return messages, b"".join(m.get("body", b"") for m in messages[1:])
+
+
+def test_a_response_sends_a_lazy_value_as_it_is_made_with_its_length() -> None:
+    from aiomm.server.json_chunks import ChunkedJSONResponse
+
+    entries = _big_item(3)
+    doc = {
+        "token_ids": [1, 2],
+        "features": {
+            "kwargs_data": {"image": [PiecesString(encode_item_lazy(entries))]},
+            "mm_metadata": {"image": [PiecesString([b"eHl6"])]},
+        },
+    }
+    chunks = dumps_chunks(doc)
+    assert [type(c) for c in chunks] == [bytes, PiecesString, bytes, PiecesString, bytes]
+    response = ChunkedJSONResponse(chunks)
+    want = orjson.dumps(plain(doc))
+    assert dumps(doc) == want and response.body_length == len(want)
+    headers = dict(ChunkedJSONResponse(dumps_chunks(doc)).raw_headers)
+    assert headers[b"content-length"] == str(len(want)).encode()
+    messages, body = _send_through(response)
+    assert body == want
+    assert len(messages) > 4  # the value's pieces went one by one
+    assert messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert all(m["more_body"] for m in messages[1:-1])
+
+
+class _Lying:
+    """Pieces whose stated size is not theirs."""
+
+    def __init__(self, pieces: list[bytes], nbytes: int) -> None:
+        self.pieces, self.nbytes = pieces, nbytes
+
+    def __iter__(self) -> Any:
+        return iter(self.pieces)
+
+
+@pytest.mark.parametrize("nbytes", [3, 5])
+def test_a_value_that_is_not_its_stated_size_never_ends_as_a_response(nbytes: int) -> None:
+    """The Content-Length went out with the headers: a body of another size must fail the
+    response (the server then drops the connection), not end it as if it were whole."""
+    from aiomm.server.json_chunks import ChunkedJSONResponse
+
+    response = ChunkedJSONResponse(dumps_chunks({"v": PiecesString(_Lying([b"QUJD"], nbytes))}))
+    with pytest.raises(RuntimeError, match="Content-Length"):
+        _send_through(response)
