@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from aiomm import memory
 from aiomm.adapters import hf_class_name
-from aiomm.config import EngineConfig
+from aiomm.config import EngineConfig, available_cores
 from aiomm.engine import Engine
 from aiomm.fetch import MediaFetcher
 from aiomm.logging import get_logger
@@ -45,7 +45,7 @@ from .request_values import flag
 from .sampling import SamplingDefaults
 from .video_media import video_loader
 
-__all__ = ("ServerConfig", "create_app", "model_folder")
+__all__ = ("ENCODE_ON_SEND_CORES", "ServerConfig", "create_app", "model_folder")
 
 log = get_logger(__name__)
 
@@ -86,8 +86,19 @@ class ServerConfig:
     #: ``aiomm serve`` turns it on): the cache's growth then costs no page faults while it
     #: serves; the process holds the budget's memory from its start
     cache_pretouch: bool = False
+    #: make each item's base64 on the event loop while the response sends it, each piece
+    #: written while still in the core's cache (``True``), or whole in the encode threads
+    #: before the response starts (``False``); None: on when this process's share of the cores
+    #: is at most 2 (:data:`ENCODE_ON_SEND_CORES`), where the loop has time to spare; with more
+    #: cores per process the encode threads spread the base64 over them.
+    #: :func:`~aiomm.server.serve.serve` gives each of ``--workers N`` its share
+    encode_on_send: bool | None = None
     #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None
+
+
+#: :attr:`ServerConfig.encode_on_send` is on by default up to this many cores per process
+ENCODE_ON_SEND_CORES = 2
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -178,9 +189,18 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
             limits=config.limits,
             float_dtype=model_float_dtype(folder),
             decoder=decoder,
+            encode_on_send=(
+                available_cores() <= ENCODE_ON_SEND_CORES
+                if config.encode_on_send is None
+                else config.encode_on_send
+            ),
         )
         stack.push_async_callback(state.service.aclose)
-        state.upstream = Upstream(config.upstream, tokenizer) if config.upstream else None
+        state.upstream = (
+            Upstream(config.upstream, tokenizer, state.service.encode_pool)
+            if config.upstream
+            else None
+        )
         if state.upstream is not None:
             stack.push_async_callback(state.upstream.aclose)
         log.info("server_open", model=config.model, upstream=config.upstream)

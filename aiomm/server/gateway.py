@@ -22,18 +22,13 @@ import orjson
 from tokenizers.decoders import DecodeStream
 
 from aiomm.processing.tokenize import plain_backend
+from aiomm.worker_pool import WorkerPool
 
 from .errors import ApiError
 from .json_chunks import dumps as dumps_json
 from .request_values import flag
 
 __all__ = ("IncrementalText", "Upstream", "refuse_unanswerable")
-
-
-async def _request_body(gen: dict[str, Any]) -> bytes:
-    """``gen`` as one JSON body, in a worker thread: its items' base64 (megabytes per image) is
-    made as it is joined."""
-    return await anyio.to_thread.run_sync(dumps_json, gen)
 
 
 #: sampling params the gateway's answers cannot carry
@@ -125,17 +120,32 @@ _INVALID_PREFIX = "Invalid prefix encountered"
 
 
 class Upstream:
-    """An HTTP client for one upstream engine."""
+    """An HTTP client for one upstream engine. ``pool``: the threads that join a request's
+    body (its items' base64, megabytes per image, may be made as it is joined); None: anyio's."""
 
-    def __init__(self, base_url: str, tokenizer: Any, *, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        tokenizer: Any,
+        pool: WorkerPool | None = None,
+        *,
+        timeout_s: float = 600.0,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.tokenizer = tokenizer
+        self.pool = pool
         self.client = httpx.AsyncClient(
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0)
         )
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+    async def _body(self, gen: dict[str, Any]) -> bytes:
+        """``gen`` as one JSON body, joined in a worker thread."""
+        if self.pool is None:
+            return await anyio.to_thread.run_sync(dumps_json, gen)
+        return await self.pool.run(dumps_json, gen)
 
     def _decode(self, ids: list[int], gen: dict[str, Any]) -> str:
         skip = gen["sampling_params"].get("skip_special_tokens", True)
@@ -158,7 +168,7 @@ class Upstream:
         try:
             resp = await self.client.post(
                 "/inference/v1/generate",
-                content=await _request_body(gen),
+                content=await self._body(gen),
                 headers={"content-type": "application/json"},
             )
         except httpx.HTTPError as exc:
@@ -255,7 +265,7 @@ class Upstream:
             async with self.client.stream(
                 "POST",
                 "/inference/v1/generate",
-                content=await _request_body(gen),
+                content=await self._body(gen),
                 headers={"content-type": "application/json"},
             ) as resp:
                 if resp.status_code != 200:

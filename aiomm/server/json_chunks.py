@@ -16,13 +16,21 @@ the time they were sent (base64 into cold memory, then the kernel's copy from it
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+import anyio
+import anyio.lowlevel
 import orjson
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from aiomm.error_groups import first_error
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = (
     "ChunkedJSONResponse",
@@ -36,6 +44,8 @@ __all__ = (
 
 #: chunks below this size are merged with their neighbours before they are sent
 _MERGE_BYTES = 1 << 16
+#: a response lets the event loop run its other tasks after about this many bytes
+_CHECKPOINT_BYTES = 4 << 20
 #: a per-process random token standing for a spliced value in the skeleton (unguessable, so no
 #: client string echoed into a response can forge one)
 _MARK = secrets.token_hex(16).encode()
@@ -165,7 +175,29 @@ class ChunkedJSONResponse(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        sent = 0
+        if not any(_made_when_sent(c) for c in self.chunks):
+            await self._send_body(send)
+        else:
+            # the rest is made as it is sent: a client that leaves stops the making (a server's
+            # send after a disconnect returns as if it had sent)
+            try:
+                async with anyio.create_task_group() as tg:
+
+                    async def watch() -> None:
+                        while (await receive())["type"] != "http.disconnect":
+                            pass
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(watch)
+                    await self._send_body(send)
+                    tg.cancel_scope.cancel()
+            except BaseExceptionGroup as group:  # the body's own error, as the server logs it
+                raise first_error(group, Exception) from None
+        if self.background is not None:
+            await self.background()
+
+    async def _send_body(self, send: Send) -> None:
+        sent = since_checkpoint = 0
         for piece in _merged(iter_chunks(self.chunks)):
             sent += len(piece)
             # the Content-Length is sent: a value that made other bytes must not end as a
@@ -173,8 +205,15 @@ class ChunkedJSONResponse(Response):
             if sent > self.body_length:
                 raise RuntimeError(f"the body outgrew its Content-Length {self.body_length}")
             await send({"type": "http.response.body", "body": piece, "more_body": True})
+            since_checkpoint += len(piece)
+            if since_checkpoint >= _CHECKPOINT_BYTES:
+                # a send to a socket with room does not yield: let the loop's other tasks run
+                since_checkpoint = 0
+                await anyio.lowlevel.checkpoint()
         if sent != self.body_length:
             raise RuntimeError(f"a body of {sent} bytes for Content-Length {self.body_length}")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if self.background is not None:
-            await self.background()
+
+
+def _made_when_sent(chunk: bytes | PiecesString) -> bool:
+    return isinstance(chunk, PiecesString) and not isinstance(chunk.pieces, list)

@@ -143,12 +143,14 @@ class RenderService:
         float_dtype: torch.dtype | None = None,
         decoder: VllmDecoder | None = None,
         encode_threads: int | None = None,
+        encode_on_send: bool = False,
     ) -> None:
         """``float_dtype``: what floating-point tensors are cast to on the wire, as vLLM casts
         them to the model's dtype (:func:`model_float_dtype`); None keeps them. ``decoder``: the
-        engine's, whose video headers the hashes reuse. ``encode_threads``: threads building the
-        items' wire documents and casting their tensors (default: one per core; the tensors'
-        base64 is made as the response sends it); :meth:`aclose` ends them."""
+        engine's, whose video headers the hashes reuse. ``encode_threads``: threads writing the
+        items' wire form (default: one per core); :meth:`aclose` ends them. ``encode_on_send``:
+        they write the items' documents and casts only, and the tensors' base64 is made as the
+        response sends it (:func:`encode_items`' ``lazy``)."""
         video_processor = getattr(engine.processor, "video_processor", None)
         loader = video_loader(hf_class_name(video_processor))
         #: whether vLLM's video loader for this model is one aiomm reproduces
@@ -180,6 +182,7 @@ class RenderService:
         # a pool of its own, not anyio's: handing a job to anyio's worker threads (a Python
         # queue and condition) took 5% of the event loop's busy time under the render benchmark
         self.encode_pool = WorkerPool(encode_threads or available_cores(), "aiomm-encode")
+        self.encode_on_send = encode_on_send
 
     async def aclose(self) -> None:
         """End the encode threads (after the items being written)."""
@@ -525,8 +528,8 @@ class RenderService:
                 self.video_delimiters,
             )
         if tensors:
-            # the items' documents and dtype casts (megabytes each) off the event loop; their
-            # tensors' base64 is made while the response sends it (json_chunks)
+            # megabytes of casts, copying and base64 per image: off the event loop (with
+            # encode_on_send only the casts and documents, the base64 as the response is sent)
             try:
                 kwargs_data, metadata = await self.encode_pool.run(
                     functools.partial(
@@ -535,6 +538,7 @@ class RenderService:
                         float_dtype=self.float_dtype,
                         per_item_slices=self.per_item_slices,
                         timestamps_field=self.timestamps_field,
+                        lazy=self.encode_on_send,
                     )
                 )
             except AiommError as exc:  # the pool closed: the server is stopping (503)
@@ -977,12 +981,13 @@ def encode_items(
     float_dtype: torch.dtype | None = None,
     per_item_slices: bool = False,
     timestamps_field: bool = True,
+    lazy: bool = False,
 ) -> tuple[list[PiecesString], list[PiecesString]]:
-    """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, as base64
-    pieces the response writer sends without joining them: ``kwargs_data``'s are made as they
-    are sent (:class:`~.kwargs_codec.ItemB64`), from the items' tensors, which stay unchanged.
-    Casts can be CPU work: call it in a worker thread. ``float_dtype``: floating-point tensors
-    are cast to it (vLLM's model dtype).
+    """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, each as the
+    base64 pieces the response writer sends without joining them (CPU work: call it in a
+    worker thread). ``float_dtype``: floating-point tensors are cast to it (vLLM's model dtype).
+    ``lazy``: ``kwargs_data``'s pieces are made as they are read
+    (:class:`~.kwargs_codec.ItemB64`, from the items' tensors, which must stay unchanged).
 
     A flat field's slices describe the whole request's batch (every item carries all of them,
     as vLLM's do); with ``per_item_slices`` each item's describe only its own rows, as vLLM's
@@ -992,7 +997,9 @@ def encode_items(
     """
     if per_item_slices and len(items) > 1:
         pieces = [
-            encode_items([item], float_dtype=float_dtype, timestamps_field=timestamps_field)
+            encode_items(
+                [item], float_dtype=float_dtype, timestamps_field=timestamps_field, lazy=lazy
+            )
             for item in items
         ]
         return [k[0] for k, _ in pieces], [m[0] for _, m in pieces]
@@ -1017,7 +1024,8 @@ def encode_items(
             values["timestamps"] = [float(s) for s in seconds]
             fields["timestamps"] = Field("batched", {"keep_on_cpu": True})
         entries = {k: (values[k], fields[k]) for k in _ordered(values)}
-        kwargs_data.append(PiecesString(encode_item_lazy(entries)))
+        item_b64 = encode_item_lazy(entries)
+        kwargs_data.append(PiecesString(item_b64 if lazy else list(item_b64)))
         meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
         metadata.append(PiecesString(encode_item_pieces(meta)))
     return kwargs_data, metadata

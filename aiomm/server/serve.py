@@ -23,7 +23,7 @@ from aiomm.config import EngineConfig, available_cores
 from aiomm.logging import configure_logging
 from aiomm.memory import prefer_small_pages, pretouch_fits
 
-from .app import ServerConfig, create_app
+from .app import ENCODE_ON_SEND_CORES, ServerConfig, create_app
 from .http_protocol import RenderHttpProtocol
 from .render import RenderLimits
 from .uvicorn_server import ServingServer
@@ -56,14 +56,23 @@ def worker_config(config: ServerConfig, workers: int, cores: int | None = None) 
     """``config`` as each of ``workers`` processes runs it: an equal share of the server's
     ``cache_bytes`` (the engine's default when None) and, when unset, of the host's ``cores``
     (default: the ones this process may run on) for its transform threads under load
-    (``busy_transform_threads``; none with one worker)."""
+    (``busy_transform_threads``; none with one worker) and for ``encode_on_send``."""
     total = _cache_budget(config)
+    share = max(1, (available_cores() if cores is None else cores) // workers)
     busy = config.busy_transform_threads
     if busy is None and workers > 1:
-        busy = max(1, (available_cores() if cores is None else cores) // workers)
+        busy = share
+    on_send = config.encode_on_send
+    if on_send is None:
+        on_send = share <= ENCODE_ON_SEND_CORES
     # one budget for the server, not one per process: more workers must not multiply its
     # memory, and with the peer tier their caches hold one set of items between them
-    return replace(config, cache_bytes=total // workers, busy_transform_threads=busy)
+    return replace(
+        config,
+        cache_bytes=total // workers,
+        busy_transform_threads=busy,
+        encode_on_send=on_send,
+    )
 
 
 def app_from_env() -> Starlette:

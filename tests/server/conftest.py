@@ -86,6 +86,7 @@ def live_server(
         model_id=RECORDED_MODEL,
         served_model_names=(RECORDED_MODEL,),
         allowed_local_media_path=str(media),
+        encode_on_send=True,  # the items' base64 made as each response is sent
     )
     with LiveServer(config) as server:
         server.media = media  # type: ignore[attr-defined]
@@ -93,9 +94,13 @@ def live_server(
 
 
 def _served(folder: Path, recorded_model: str) -> Iterator[LiveServer]:
-    """A live server for ``folder``, hashing items with the path vLLM was given."""
+    """A live server for ``folder``, hashing items with the path vLLM was given (its items'
+    base64 made whole in the encode threads, as on a host with many cores per process)."""
     config = ServerConfig(
-        model=str(folder), model_id=recorded_model, served_model_names=(recorded_model,)
+        model=str(folder),
+        model_id=recorded_model,
+        served_model_names=(recorded_model,),
+        encode_on_send=False,
     )
     with LiveServer(config) as server:
         yield server

@@ -134,6 +134,14 @@ def test_workers_share_one_cache_budget() -> None:
     assert worker_config(ServerConfig(model="m"), 2).cache_bytes == default // 2
     assert worker_config(ServerConfig(model="m", cache_bytes=3 << 30), 3).cache_bytes == 1 << 30
     assert worker_config(ServerConfig(model="m", cache_bytes=0), 4).cache_bytes == 0
+    # the items' base64 as each response is sent while a process has at most 2 cores to itself
+    assert worker_config(ServerConfig(model="m"), 2, cores=2).encode_on_send is True
+    assert worker_config(ServerConfig(model="m"), 1, cores=2).encode_on_send is True
+    assert worker_config(ServerConfig(model="m"), 8, cores=16).encode_on_send is True
+    assert worker_config(ServerConfig(model="m"), 1, cores=16).encode_on_send is False
+    assert worker_config(ServerConfig(model="m"), 2, cores=6).encode_on_send is False
+    explicit = ServerConfig(model="m", encode_on_send=False)
+    assert worker_config(explicit, 2, cores=2).encode_on_send is False
 
 
 def test_workers_share_the_cores_under_load() -> None:

@@ -234,14 +234,22 @@ def test_lazy_items_read_in_turns_on_one_thread_keep_their_own_bytes() -> None:
         assert b"".join(pieces) == _reference(e)
 
 
-def _send_through(response: Any) -> tuple[list[dict[str, Any]], bytes]:
+def _send_through(
+    response: Any, leave_after: int | None = None
+) -> tuple[list[dict[str, Any]], bytes]:
+    """The ASGI messages ``response`` sends, and its body. The client's request was read
+    whole; with ``leave_after`` it disconnects once that many body messages were sent."""
     messages: list[dict[str, Any]] = []
+    gone = anyio.Event()
 
     async def send(message: dict[str, Any]) -> None:
         messages.append(message)
+        if leave_after is not None and len(messages) > leave_after:
+            gone.set()
 
     async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        await gone.wait()  # as a server does once the request's body was read
+        return {"type": "http.disconnect"}
 
     anyio.run(response, {"type": "http"}, receive, send)
     return messages, b"".join(m.get("body", b"") for m in messages[1:])
@@ -291,3 +299,54 @@ def test_a_value_that_is_not_its_stated_size_never_ends_as_a_response(nbytes: in
     response = ChunkedJSONResponse(dumps_chunks({"v": PiecesString(_Lying([b"QUJD"], nbytes))}))
     with pytest.raises(RuntimeError, match="Content-Length"):
         _send_through(response)
+
+
+class _Counted:
+    """Lazy pieces that count how many were made."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces, self.made = pieces, 0
+        self.nbytes = sum(len(p) for p in pieces)
+
+    def __iter__(self) -> Any:
+        for piece in self.pieces:
+            self.made += 1
+            yield piece
+
+
+def test_a_client_that_leaves_stops_the_making_of_the_rest() -> None:
+    from aiomm.server.json_chunks import ChunkedJSONResponse
+
+    # 16 MiB in 1 MiB pieces: the response checks for the client every 4 MiB it sends
+    value = _Counted([pybase64.b64encode(bytes([i]) * (3 << 18)) for i in range(16)])
+    response = ChunkedJSONResponse(dumps_chunks({"v": PiecesString(value)}))
+    messages, _ = _send_through(response, leave_after=2)
+    # stopped within two checkpoints (8 MiB) of the client leaving, not at the end
+    assert value.made <= 8, value.made
+    assert messages[-1]["more_body"]  # never ended as a whole response
+    whole = _Counted(value.pieces)
+    _, body = _send_through(ChunkedJSONResponse(dumps_chunks({"v": PiecesString(whole)})))
+    assert whole.made == 16 and body == orjson.dumps({"v": str(PiecesString(value.pieces))})
+
+
+def test_a_large_contiguous_tensor_is_made_in_blocks_without_small_pieces() -> None:
+    from aiomm.server.kwargs_codec import _BLOCK_BYTES
+
+    tensor = torch.from_numpy(np.random.default_rng(5).integers(0, 256, 3_000_001, np.uint8))
+    entries = {"pixel_values": (tensor.to(torch.bfloat16), FLAT)}
+    pieces = list(encode_item_lazy(entries))
+    assert b"".join(pieces) == _reference(entries)
+    big = [len(p) for p in pieces if len(p) > 1000]
+    assert len(big) >= 6_000_002 // _BLOCK_BYTES  # block by block, not one call
+    # only the document's head and tail are small: every block ends on a whole quantum
+    assert len(pieces) - len(big) <= 2
+
+
+def test_repeated_rows_blocks_leave_no_small_pieces_between_them() -> None:
+    for rows, width in ((3000, 588), (2000, 590)):  # rows of a multiple of 3 bytes, and not
+        compact = np.random.default_rng(rows).integers(0, 256, (rows, width), np.uint8)
+        view = np.broadcast_to(compact.reshape(rows, 2, 1, width // 2), (rows, 2, 2, width // 2))
+        entries = {"pixel_values": (WireRows(view, "uint8"), FLAT), "n": (3, BATCHED)}
+        pieces = list(encode_item_lazy(entries))
+        assert b"".join(pieces) == _reference(entries)
+        assert sum(len(p) < 1000 for p in pieces) <= 2, [len(p) for p in pieces]
