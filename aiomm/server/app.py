@@ -34,6 +34,7 @@ from aiomm.logging import get_logger
 
 from .content import Parsed, parse_anthropic, parse_chat, parse_responses
 from .data_urls import attach, lift_data_urls
+from .disconnect import until_disconnect
 from .errors import ApiError
 from .gateway import Upstream, refuse_unanswerable
 from .json_chunks import ChunkedJSONResponse, dumps_chunks
@@ -45,7 +46,13 @@ from .request_values import flag
 from .sampling import SamplingDefaults
 from .video_media import video_loader
 
-__all__ = ("ENCODE_ON_SEND_CORES", "ServerConfig", "create_app", "model_folder")
+__all__ = (
+    "ENCODE_ON_SEND_CORES",
+    "ServerConfig",
+    "create_app",
+    "default_encode_on_send",
+    "model_folder",
+)
 
 log = get_logger(__name__)
 
@@ -99,6 +106,11 @@ class ServerConfig:
 
 #: :attr:`ServerConfig.encode_on_send` is on by default up to this many cores per process
 ENCODE_ON_SEND_CORES = 2
+
+
+def default_encode_on_send(cores: int) -> bool:
+    """:attr:`ServerConfig.encode_on_send` when unset, for a process with ``cores`` of its own."""
+    return cores <= ENCODE_ON_SEND_CORES
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -190,7 +202,7 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
             float_dtype=model_float_dtype(folder),
             decoder=decoder,
             encode_on_send=(
-                available_cores() <= ENCODE_ON_SEND_CORES
+                default_encode_on_send(available_cores())
                 if config.encode_on_send is None
                 else config.encode_on_send
             ),
@@ -205,13 +217,6 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
             stack.push_async_callback(state.upstream.aclose)
         log.info("server_open", model=config.model, upstream=config.upstream)
         yield state
-
-
-async def _until_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def create_app(config: ServerConfig) -> Starlette:
@@ -298,7 +303,7 @@ def create_app(config: ServerConfig) -> Starlette:
                         tg.cancel_scope.cancel()
 
                     async def watch() -> None:
-                        await _until_disconnect(request)
+                        await until_disconnect(request.receive)
                         tg.cancel_scope.cancel()  # the client left: drop its work
 
                     tg.start_soon(work)

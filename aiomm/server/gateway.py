@@ -15,8 +15,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import httpx
 import orjson
 from tokenizers.decoders import DecodeStream
@@ -29,7 +27,6 @@ from .json_chunks import dumps as dumps_json
 from .request_values import flag
 
 __all__ = ("IncrementalText", "Upstream", "refuse_unanswerable")
-
 
 #: sampling params the gateway's answers cannot carry
 _UNANSWERABLE = {
@@ -121,13 +118,13 @@ _INVALID_PREFIX = "Invalid prefix encountered"
 
 class Upstream:
     """An HTTP client for one upstream engine. ``pool``: the threads that join a request's
-    body (its items' base64, megabytes per image, may be made as it is joined); None: anyio's."""
+    body (its items' base64, megabytes per image, may be made as it is joined)."""
 
     def __init__(
         self,
         base_url: str,
         tokenizer: Any,
-        pool: WorkerPool | None = None,
+        pool: WorkerPool,
         *,
         timeout_s: float = 600.0,
     ) -> None:
@@ -143,8 +140,6 @@ class Upstream:
 
     async def _body(self, gen: dict[str, Any]) -> bytes:
         """``gen`` as one JSON body, joined in a worker thread."""
-        if self.pool is None:
-            return await anyio.to_thread.run_sync(dumps_json, gen)
         return await self.pool.run(dumps_json, gen)
 
     def _decode(self, ids: list[int], gen: dict[str, Any]) -> str:

@@ -29,6 +29,8 @@ from starlette.types import Receive, Scope, Send
 
 from aiomm.error_groups import first_error
 
+from .disconnect import until_disconnect
+
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
@@ -73,6 +75,11 @@ class PiecesString:
             self.nbytes = sum(len(p) for p in self.pieces)
         else:
             self.pieces, self.nbytes = pieces, pieces.nbytes
+
+    @property
+    def made_when_read(self) -> bool:
+        """Whether the pieces are made as they are read (:class:`LazyPieces`)."""
+        return not isinstance(self.pieces, list)
 
     def __str__(self) -> str:
         return b"".join(self.pieces).decode("ascii")
@@ -175,7 +182,7 @@ class ChunkedJSONResponse(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        if not any(_made_when_sent(c) for c in self.chunks):
+        if not any(isinstance(c, PiecesString) and c.made_when_read for c in self.chunks):
             await self._send_body(send)
         else:
             # the rest is made as it is sent: a client that leaves stops the making (a server's
@@ -184,8 +191,7 @@ class ChunkedJSONResponse(Response):
                 async with anyio.create_task_group() as tg:
 
                     async def watch() -> None:
-                        while (await receive())["type"] != "http.disconnect":
-                            pass
+                        await until_disconnect(receive)
                         tg.cancel_scope.cancel()
 
                     tg.start_soon(watch)
@@ -213,7 +219,3 @@ class ChunkedJSONResponse(Response):
         if sent != self.body_length:
             raise RuntimeError(f"a body of {sent} bytes for Content-Length {self.body_length}")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def _made_when_sent(chunk: bytes | PiecesString) -> bool:
-    return isinstance(chunk, PiecesString) and not isinstance(chunk.pieces, list)

@@ -172,7 +172,7 @@ class _B64Writer:
         bytes (fewer than :data:`_LEAD`) go there, encoded with the block, not as a piece of
         their own."""
         lead = len(self._pending)
-        if lead >= _SPLICE_BYTES or lead > start:
+        if lead > start:  # the document's gathered head: encoded as a piece of its own
             self.write(memoryview(buf[start:end]))
             return
         if lead:

@@ -23,7 +23,7 @@ from aiomm.config import EngineConfig, available_cores
 from aiomm.logging import configure_logging
 from aiomm.memory import prefer_small_pages, pretouch_fits
 
-from .app import ENCODE_ON_SEND_CORES, ServerConfig, create_app
+from .app import ServerConfig, create_app, default_encode_on_send
 from .http_protocol import RenderHttpProtocol
 from .render import RenderLimits
 from .uvicorn_server import ServingServer
@@ -64,7 +64,7 @@ def worker_config(config: ServerConfig, workers: int, cores: int | None = None) 
         busy = share
     on_send = config.encode_on_send
     if on_send is None:
-        on_send = share <= ENCODE_ON_SEND_CORES
+        on_send = default_encode_on_send(share)
     # one budget for the server, not one per process: more workers must not multiply its
     # memory, and with the peer tier their caches hold one set of items between them
     return replace(
