@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import gc
 import io
 import json
 import os
@@ -57,6 +58,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 _WAKE_BYTES = 1 << 20
 #: the most one read of a response head takes (the body's first bytes come with it)
 _HEAD_BYTES = 1 << 14
+#: where a body's bytes are received to be dropped: one buffer for every connection, as the
+#: kernel writes nothing into it (``MSG_TRUNC``; elsewhere its bytes are never read); its size
+#: is the most one read drops
+_SINK = memoryview(bytearray(1 << 22))
 
 
 @dataclass
@@ -157,14 +162,16 @@ def build_bodies(args: argparse.Namespace, seed: int) -> tuple[list[bytes], int]
 
 class _Connection:
     """A minimal keep-alive HTTP/1.1 client on a raw socket: the load generator shares the
-    machine with the servers, so it receives each response straight into one reused buffer
-    (``sock_recv_into``: the kernel's copy and nothing else), keeps only its length, and wakes
-    once per megabyte of a body, not once per burst (:meth:`_wake_at`)."""
+    machine with the servers, so it receives each response's head into a small reused buffer,
+    drops its body in the kernel keeping only its length (:meth:`_discard`), and wakes once per
+    megabyte of a body, not once per burst (:meth:`_wake_at`)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
         self.sock: socket.socket | None = None
-        self.buf = bytearray(1 << 22)
+        # a head and the first of its body; it grows for a larger head. Bodies never come
+        # here (_discard), and 32 connections' zeroed megabytes would be made on the clock
+        self.buf = bytearray(4 * _HEAD_BYTES)
         self.view = memoryview(self.buf)
         self.have = 0  # bytes of the next response already received
         self.lowat = 1  # the socket's SO_RCVLOWAT (_wake_at)
@@ -196,13 +203,13 @@ class _Connection:
             return
         left, self.have = size - self.have, 0
         while left:
-            left -= await self._recv_dropped(min(len(self.buf), left))
+            left -= await self._recv_dropped(min(len(_SINK), left))
 
     async def _recv_dropped(self, limit: int) -> int:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                n = self.sock.recv_into(self.view, limit, _DROP)
+                n = self.sock.recv_into(_SINK, limit, _DROP)
             except BlockingIOError:
                 self._wake_at(limit)
                 ready = loop.create_future()
@@ -230,6 +237,10 @@ class _Connection:
 
     async def post(self, path: str, body: bytes) -> tuple[int, int, bytes]:
         """Status, body length and the body's first bytes (for error messages)."""
+        return await self.exchange(request_bytes(self.host, path, body))
+
+    async def exchange(self, request: bytes) -> tuple[int, int, bytes]:
+        """Send one whole HTTP ``request`` (:func:`request_bytes`); as :meth:`post` returns."""
         loop = asyncio.get_running_loop()
         if self.sock is None:
             self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -239,11 +250,7 @@ class _Connection:
             self.wake_max = max(1, min(_WAKE_BYTES, rcvbuf // 4))
             self.sock.setblocking(False)
             await loop.sock_connect(self.sock, (self.host, self.port))
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        await loop.sock_sendall(self.sock, head + body)
+        await loop.sock_sendall(self.sock, request)
         while (end := self.buf.find(b"\r\n\r\n", 0, self.have)) < 0:
             await self._recv()
         lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
@@ -279,20 +286,38 @@ def _run(coro: Any) -> Any:
         return runner.run(coro)
 
 
-async def _drive(url: str, bodies: list[bytes], concurrency: int) -> tuple[list[float], int]:
+def request_bytes(host: str, path: str, body: bytes) -> bytes:
+    """One keep-alive HTTP/1.1 POST of the JSON ``body`` to ``path``, head and body in one."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+def requests_for(url: str, bodies: list[bytes]) -> list[bytes]:
+    """``bodies`` as whole requests to ``url``: made before a level's clock starts, so the
+    generator does not copy each body behind its head while it measures."""
+    parsed = httpx.URL(url)
+    return [request_bytes(parsed.host, parsed.raw_path.decode(), b) for b in bodies]
+
+
+async def _drive(url: str, requests: list[bytes], concurrency: int) -> tuple[list[float], int]:
+    """Send ``requests`` (:func:`requests_for` ``url``) over ``concurrency`` connections, each
+    sending its next when the last is answered; the latencies and the bytes of the bodies."""
     parsed = httpx.URL(url)
     latencies: list[float] = []
     received = 0
-    queue = list(reversed(bodies))
+    queue = list(reversed(requests))
 
     async def worker() -> None:
         nonlocal received
         conn = _Connection(parsed.host, parsed.port or 80)
         try:
             while queue:
-                body = queue.pop()
+                request = queue.pop()
                 t = time.perf_counter()
-                status, size, first = await conn.post(parsed.raw_path.decode(), body)
+                status, size, first = await conn.exchange(request)
                 latencies.append(time.perf_counter() - t)
                 if status != 200:
                     raise RuntimeError(f"{status}: {first!r}")
@@ -300,7 +325,15 @@ async def _drive(url: str, bodies: list[bytes], concurrency: int) -> tuple[list[
         finally:
             conn.close()
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    # the generator's garbage is a few futures per request; a collection pass would scan the
+    # whole heap of a process that shares its machine with the server it measures
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        if collecting:
+            gc.enable()
     return latencies, received
 
 
@@ -317,8 +350,9 @@ def _level(
 ) -> LevelResult:
     """One closed-loop run of ``bodies`` against one server; its JSON line names its ``phase``
     (``"warm"`` for the ``--warm`` requests, else ``"round"``)."""
+    requests = requests_for(url, bodies)
     cpu0, idle0, t0, me0 = _cpu_s(pid), _idle_s(), time.perf_counter(), time.process_time()
-    latencies, received = _run(_drive(url, bodies, c))
+    latencies, received = _run(_drive(url, requests, c))
     wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - cpu0
     client_cpu, idle = time.process_time() - me0, _idle_s() - idle0
     lat = np.array(latencies) * 1000
@@ -371,7 +405,7 @@ def measure(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> li
     round has its own seeded plan, the same for every server (no hits across levels)."""
     first, _ = build_bodies(argparse.Namespace(**{**vars(args), "n": 2, "sizes": "320x240"}), 999)
     for url, _pid in servers.values():
-        _run(_drive(url, first, 1))
+        _run(_drive(url, requests_for(url, first), 1))
     out = []
     names = list(servers)
     for level, c in enumerate(args.concurrency):

@@ -79,7 +79,11 @@ def test_client_reads_every_response_whole(live_server: LiveServer) -> None:
         assert len(first) == min(300, size)
         assert _unrandom(first) == _unrandom(want.content[: len(first)])
     assert b"error" in got[-1][2]
-    latencies, received = bench._run(bench._drive(live_server.url + path, bodies[:4], 2))
+    latencies, received = bench._run(
+        bench._drive(
+            live_server.url + path, bench.requests_for(live_server.url + path, bodies[:4]), 2
+        )
+    )
     assert len(latencies) == 4 and received == sum(len(r.content) for r in expected[:4])
 
 
@@ -299,3 +303,49 @@ def test_bench_refuses_a_negative_warm_up(capsys: pytest.CaptureFixture[str]) ->
         _bench().main(["--warm", "-1"])
     assert exit_info.value.code == 2
     assert "--warm must be 0 or more, got -1" in capsys.readouterr().err
+
+
+def test_connections_hold_no_body_sized_buffers() -> None:
+    """A level opens its connections on the clock: each holds a head's buffer, not megabytes
+    (32 connections zeroing 4 MiB each took ~0.1 s of the generator at every level's start)."""
+    bench = _bench()
+    conns = [bench._Connection("127.0.0.1", 1) for _ in range(32)]
+    assert sum(len(c.buf) for c in conns) <= 32 * 4 * bench._HEAD_BYTES < len(bench._SINK) * 2
+
+
+def test_requests_are_whole_http_posts_made_before_the_clock() -> None:
+    bench = _bench()
+    (request,) = bench.requests_for("http://127.0.0.1:9/v1/chat/completions/render", [b"{}"])
+    assert request == (
+        b"POST /v1/chat/completions/render HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    )
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_drive_pauses_the_collector_and_restores_it(live_server: LiveServer, enabled: bool) -> None:
+    """The generator runs without the cyclic collector (it would scan the generator's heap
+    while the server is measured) and leaves it as it found it."""
+    import gc
+
+    bench = _bench()
+    bodies, _ = _bodies(2, "64x48", 0.0, 0.0, seed=9)
+    url = live_server.url + "/v1/chat/completions/render"
+    seen: list[bool] = []
+
+    async def drive() -> tuple[list[float], int]:
+        async def watch() -> None:
+            seen.append(gc.isenabled())
+
+        task = asyncio.ensure_future(bench._drive(url, bench.requests_for(url, bodies), 2))
+        await asyncio.sleep(0)  # the drive has started
+        await watch()
+        return await task
+
+    (gc.enable if enabled else gc.disable)()
+    try:
+        latencies, received = bench._run(drive())
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert seen == [False] and len(latencies) == 2 and received > 0
