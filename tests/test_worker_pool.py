@@ -162,8 +162,8 @@ async def test_a_cancelled_queued_job_never_runs(pool: WorkerPool) -> None:
 
 
 async def test_a_job_held_at_the_gate_is_dropped_when_its_caller_leaves() -> None:
-    """A thread holds the job at the gate (the executor counts it as running): a cancelled
-    caller returns at once and the job never runs; the next caller is served."""
+    """A job beyond the limit waits in the queue while a thread is free: a cancelled caller
+    returns at once and the job never runs; the next caller is served."""
     pool = WorkerPool(2, "aiomm-test")
     gate = Gate()
     ran: list[str] = []
@@ -233,6 +233,45 @@ async def test_a_job_failing_after_its_caller_left_logs_nothing(
     gc.collect()
     await anyio.lowlevel.checkpoint()
     assert "never retrieved" not in caplog.text
+
+
+async def test_under_a_limit_the_thread_that_ends_a_job_runs_the_next() -> None:
+    """Two threads, a limit of one: jobs queued behind a running one all run on its thread,
+    none handed to the other (a wake-up and a sleep per job, and an idle core between)."""
+    pool = WorkerPool(2, "aiomm-test")
+    gate = Gate()
+    threads: list[str] = []
+
+    def job() -> None:
+        threads.append(threading.current_thread().name)
+
+    def first() -> None:
+        job()
+        gate.hold()
+
+    try:
+        pool.set_limit(1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pool.run, first)
+            await gate.wait_started()
+            for _ in range(5):
+                tg.start_soon(pool.run, job)
+            await anyio.sleep(0.05)
+            assert pool.statistics().waiting == 5
+            gate.open()
+        assert len(threads) == 6 and set(threads) == {threads[0]}
+        pool.set_limit(2)  # both threads run again when the limit allows it
+        gates = [Gate(), Gate()]
+        async with anyio.create_task_group() as tg:
+            for g in gates:
+                tg.start_soon(pool.run, g.hold)
+            for g in gates:
+                await g.wait_started()  # both at once: the second thread was woken
+            for g in gates:
+                g.open()
+    finally:
+        gate.open()
+        await pool.aclose()
 
 
 def test_at_least_one_thread() -> None:
