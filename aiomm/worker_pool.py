@@ -39,8 +39,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class WorkerPoolStatistics:
-    """``capacity`` threads, ``in_use`` of them running a job, ``waiting`` jobs queued (or held
-    at the gate of :meth:`WorkerPool.set_limit`), ``limit`` jobs allowed to run at once."""
+    """``capacity`` threads, ``in_use`` of them running a job, ``waiting`` jobs queued (for a
+    thread or for :meth:`WorkerPool.set_limit`'s limit), ``limit`` jobs allowed to run at once."""
 
     capacity: int
     in_use: int
@@ -59,8 +59,8 @@ class WorkerPool:
 
     Like ``anyio.to_thread.run_sync`` without ``abandon_on_cancel``: a job runs in a copy of
     the caller's context, and a caller cancelled while its job runs waits for the job to end
-    (a job queued, or held at the gate of :meth:`set_limit`, is dropped at once). Threads start
-    on first use and end at :meth:`aclose`.
+    (a job still queued, waiting for a thread or for :meth:`set_limit`'s limit, is dropped at
+    once). Threads start on first use and end at :meth:`aclose`.
     They are not anyio worker threads: a job cannot use ``anyio.from_thread``.
     """
 
