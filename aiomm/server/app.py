@@ -50,7 +50,7 @@ __all__ = (
     "ENCODE_ON_SEND_CORES",
     "ServerConfig",
     "create_app",
-    "default_encode_on_send",
+    "encode_on_send",
     "model_folder",
 )
 
@@ -108,8 +108,11 @@ class ServerConfig:
 ENCODE_ON_SEND_CORES = 2
 
 
-def default_encode_on_send(cores: int) -> bool:
-    """:attr:`ServerConfig.encode_on_send` when unset, for a process with ``cores`` of its own."""
+def encode_on_send(config: ServerConfig, cores: int) -> bool:
+    """``config``'s :attr:`ServerConfig.encode_on_send`, or when unset its default for a process
+    with ``cores`` of its own."""
+    if config.encode_on_send is not None:
+        return config.encode_on_send
     return cores <= ENCODE_ON_SEND_CORES
 
 
@@ -201,11 +204,7 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
             limits=config.limits,
             float_dtype=model_float_dtype(folder),
             decoder=decoder,
-            encode_on_send=(
-                default_encode_on_send(available_cores())
-                if config.encode_on_send is None
-                else config.encode_on_send
-            ),
+            encode_on_send=encode_on_send(config, available_cores()),
         )
         stack.push_async_callback(state.service.aclose)
         state.upstream = (

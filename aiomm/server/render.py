@@ -1024,8 +1024,9 @@ def encode_items(
             values["timestamps"] = [float(s) for s in seconds]
             fields["timestamps"] = Field("batched", {"keep_on_cpu": True})
         entries = {k: (values[k], fields[k]) for k in _ordered(values)}
-        item_b64 = encode_item_lazy(entries)
-        kwargs_data.append(PiecesString(item_b64 if lazy else list(item_b64)))
+        kwargs_data.append(
+            PiecesString(encode_item_lazy(entries) if lazy else encode_item_pieces(entries))
+        )
         meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
         metadata.append(PiecesString(encode_item_pieces(meta)))
     return kwargs_data, metadata

@@ -23,7 +23,7 @@ from aiomm.config import EngineConfig, available_cores
 from aiomm.logging import configure_logging
 from aiomm.memory import prefer_small_pages, pretouch_fits
 
-from .app import ServerConfig, create_app, default_encode_on_send
+from .app import ServerConfig, create_app, encode_on_send
 from .http_protocol import RenderHttpProtocol
 from .render import RenderLimits
 from .uvicorn_server import ServingServer
@@ -62,16 +62,13 @@ def worker_config(config: ServerConfig, workers: int, cores: int | None = None) 
     busy = config.busy_transform_threads
     if busy is None and workers > 1:
         busy = share
-    on_send = config.encode_on_send
-    if on_send is None:
-        on_send = default_encode_on_send(share)
     # one budget for the server, not one per process: more workers must not multiply its
     # memory, and with the peer tier their caches hold one set of items between them
     return replace(
         config,
         cache_bytes=total // workers,
         busy_transform_threads=busy,
-        encode_on_send=on_send,
+        encode_on_send=encode_on_send(config, share),
     )
 
 
