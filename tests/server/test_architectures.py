@@ -284,7 +284,8 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> Folders:
 def test_chat_render_equals_the_reference_processor(name: str, folders: Folders) -> None:
     folder = folders[name]
     reference = Reference(name, folder)
-    with TestClient(create_app(ServerConfig(model=str(folder)))) as client:
+    # the items' base64 made as the response is sent here, whole before it below: same bytes
+    with TestClient(create_app(ServerConfig(model=str(folder), encode_on_send=True))) as client:
         one = client.post("/v1/chat/completions/render", json=_body(IMAGES[:1]))
         assert one.status_code == 200, one.text
         (hash_a,) = _check_render(one.json(), IMAGES[:1], reference, name)
@@ -292,6 +293,11 @@ def test_chat_render_equals_the_reference_processor(name: str, folders: Folders)
         assert two.status_code == 200, two.text
         hashes = _check_render(two.json(), IMAGES[1:3], reference, name)
         assert hash_a not in hashes
+        eager_config = ServerConfig(model=str(folder), encode_on_send=False)
+        with TestClient(create_app(eager_config)) as eager:
+            whole = eager.post("/v1/chat/completions/render", json=_body(IMAGES[1:3]))
+        assert whole.status_code == 200, whole.text
+        assert {**whole.json(), "request_id": ""} == {**two.json(), "request_id": ""}, name
         again = client.post("/v1/chat/completions/render", json=_body([IMAGES[2], IMAGES[0]]))
         assert again.status_code == 200, again.text
         assert again.json()["features"]["mm_hashes"]["image"] == [hashes[1], hash_a], name
