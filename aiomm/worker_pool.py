@@ -143,18 +143,26 @@ class WorkerPool:
                     continue  # its caller left while it was queued (counted there)
                 self._started += 1
                 self._running += 1
+            result: object = None
+            error: BaseException | None = None
             try:
-                future.set_result(context.run(fn, *args))
+                result = context.run(fn, *args)
             except BaseException as exc:  # the caller's to see, as the executor would
-                future.set_exception(exc)
-            finally:
-                with self._gate:
-                    self._running -= 1
-                    if self._closed and not self._queue:
-                        self._gate.notify_all()  # the idle threads end too
-                    # this thread takes the next job itself; wake another only for more
-                    elif self._idle and len(self._queue) > 1 and self._running + 1 < self._limit:
-                        self._gate.notify()
+                error = exc
+            with self._gate:
+                self._running -= 1
+                if self._closed and not self._queue:
+                    self._gate.notify_all()  # the idle threads end too
+                # this thread takes the next job itself; wake another only for more
+                elif self._idle and len(self._queue) > 1 and self._running + 1 < self._limit:
+                    self._gate.notify()
+            # after the count: a caller that reads the statistics once its job returned sees
+            # the thread free
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+                del error  # no cycle through the traceback's frame
 
     def statistics(self) -> WorkerPoolStatistics:
         with self._lock:

@@ -274,6 +274,16 @@ async def test_under_a_limit_the_thread_that_ends_a_job_runs_the_next() -> None:
         await pool.aclose()
 
 
+async def test_a_job_that_returned_is_no_longer_counted_as_running(pool: WorkerPool) -> None:
+    """Its caller, resumed, reads the statistics: the thread is already free."""
+    for _ in range(50):
+        await pool.run(lambda: None)
+        assert pool.statistics().in_use == 0
+    with pytest.raises(ValueError):
+        await pool.run(int, "x")
+    assert pool.statistics().in_use == 0
+
+
 def test_at_least_one_thread() -> None:
     with pytest.raises(ValueError, match="threads=0"):
         WorkerPool(0, "aiomm-test")
