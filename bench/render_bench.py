@@ -35,6 +35,7 @@ import contextlib
 import gc
 import io
 import json
+import multiprocessing
 import os
 import shlex
 import signal
@@ -42,6 +43,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -131,33 +133,47 @@ def _image(width: int, height: int, seed: int) -> bytes:
     return buf.getvalue()
 
 
-def build_bodies(args: argparse.Namespace, seed: int) -> tuple[list[bytes], int]:
-    """``args.n`` serialised request bodies and their image count (seeded)."""
+def _image_url(width: int, height: int, seed: int) -> str:
+    """:func:`_image` as a ``data:`` URL."""
+    return "data:image/jpeg;base64," + base64.b64encode(_image(width, height, seed)).decode()
+
+
+def build_bodies(
+    args: argparse.Namespace, seed: int, pool: Executor | None = None
+) -> tuple[list[bytes], int]:
+    """``args.n`` serialised request bodies and their image count (seeded). ``pool`` makes the
+    images in parallel, to the same bodies: they are most of a run's time outside the clocks."""
     rng = np.random.default_rng(seed)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
-    made: list[str] = []
-    bodies: list[bytes] = []
-    images = 0
+    # every draw first, in one order (the plan), then the images, which draw from their own seeds
+    made: list[tuple[int, int, int]] = []  # width, height and seed of each image
+    plan: list[list[int]] = []  # each request's images, as indexes into made
     for _ in range(args.n):
-        urls = []
+        slots = []
         for _ in range(2 if rng.random() < args.two_image_frac else 1):
             if made and rng.random() < args.repeat_frac:
-                urls.append(made[int(rng.integers(len(made)))])
+                slots.append(int(rng.integers(len(made))))
             else:
                 w, h = sizes[int(rng.integers(len(sizes)))]
-                data = _image(w, h, int(rng.integers(1 << 31)))
-                made.append("data:image/jpeg;base64," + base64.b64encode(data).decode())
-                urls.append(made[-1])
-        images += len(urls)
+                made.append((w, h, int(rng.integers(1 << 31))))
+                slots.append(len(made) - 1)
+        plan.append(slots)
+    columns = list(zip(*made, strict=True)) or [[], [], []]
+    if pool is None:
+        urls = list(map(_image_url, *columns))
+    else:
+        urls = list(pool.map(_image_url, *columns, chunksize=8))
+    bodies: list[bytes] = []
+    for slots in plan:
         content: list[dict[str, Any]] = [{"type": "text", "text": "Describe the image(s)."}]
-        content += [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+        content += [{"type": "image_url", "image_url": {"url": urls[i]}} for i in slots]
         body = {
             "model": args.model_folder,
             "messages": [{"role": "user", "content": content}],
             "mm_payload": args.mm_payload,
         }
         bodies.append(json.dumps(body).encode())
-    return bodies, images
+    return bodies, sum(map(len, plan))
 
 
 class _Connection:
@@ -381,28 +397,35 @@ def _level(
 WARM_SEED_OFFSET = 10**6
 
 
-def warm_plan(args: argparse.Namespace) -> tuple[list[bytes], int]:
-    """The ``--warm`` requests (and their image count): the rounds' mix, other images."""
+def warm_plan(args: argparse.Namespace, pool: Executor | None = None) -> tuple[list[bytes], int]:
+    """The ``--warm`` requests (and their image count): the rounds' mix, other images
+    (``pool``: as :func:`build_bodies`)."""
     return build_bodies(
-        argparse.Namespace(**{**vars(args), "n": args.warm}), args.seed + WARM_SEED_OFFSET
+        argparse.Namespace(**{**vars(args), "n": args.warm}), args.seed + WARM_SEED_OFFSET, pool
     )
 
 
-def warm(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> list[LevelResult]:
-    """Each server answers the ``--warm`` plan at the highest concurrency (nothing when 0)."""
+def warm(
+    servers: dict[str, tuple[str, int]], args: argparse.Namespace, pool: Executor | None = None
+) -> list[LevelResult]:
+    """Each server answers the ``--warm`` plan at the highest concurrency (nothing when 0;
+    ``pool``: as :func:`build_bodies`)."""
     if not args.warm:
         return []
-    bodies, images = warm_plan(args)
+    bodies, images = warm_plan(args, pool)
     c = max(args.concurrency)
     return [
         _level(name, url, pid, c, bodies, images, "warm") for name, (url, pid) in servers.items()
     ]
 
 
-def measure(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> list[LevelResult]:
+def measure(
+    servers: dict[str, tuple[str, int]], args: argparse.Namespace, pool: Executor | None = None
+) -> list[LevelResult]:
     """Every level on every server, interleaved: round r runs the servers in order, then in
     reverse (ABBA), so a change in the machine's other load hits both alike. Each level and
-    round has its own seeded plan, the same for every server (no hits across levels)."""
+    round has its own seeded plan, the same for every server (no hits across levels), built
+    between the rounds (``pool``: as :func:`build_bodies`)."""
     first, _ = build_bodies(argparse.Namespace(**{**vars(args), "n": 2, "sizes": "320x240"}), 999)
     for url, _pid in servers.values():
         _run(_drive(url, requests_for(url, first), 1))
@@ -410,7 +433,7 @@ def measure(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> li
     names = list(servers)
     for level, c in enumerate(args.concurrency):
         for r in range(args.rounds):
-            bodies, images = build_bodies(args, args.seed + 1000 * level + r)
+            bodies, images = build_bodies(args, args.seed + 1000 * level + r, pool)
             for name in names if r % 2 == 0 else reversed(names):
                 url, pid = servers[name]
                 out.append(_level(name, url, pid, c, bodies, images))
@@ -607,8 +630,13 @@ def main(argv: list[str] | None = None) -> int:
             }
             started = stack.enter_context(Server(vllm, venv_env, port, logs / "vllm.log"))
             servers["vllm"] = (started.url + "/v1/chat/completions/render", started.proc.pid)
-        warmed = warm(servers, args)
-        raw = measure(servers, args)
+        # the plans' images are made on every core while the servers wait; between the rounds
+        # the pool's processes sleep on a pipe
+        pool = stack.enter_context(
+            ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("spawn"))
+        )
+        warmed = warm(servers, args, pool)
+        raw = measure(servers, args, pool)
     results = _combine(raw)
     load = os.getloadavg()
     print(

@@ -349,3 +349,30 @@ def test_drive_pauses_the_collector_and_restores_it(live_server: LiveServer, ena
     finally:
         gc.enable()
     assert seen == [False] and len(latencies) == 2 and received > 0
+
+
+def test_plans_made_in_a_process_pool_are_the_serial_ones(model_folder: Path) -> None:
+    """The benchmark makes a plan's images on every core; the bodies are the same bytes as when
+    made one by one, repeats included (the plan's draws come first, in one order)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    bench = _bench()
+    args = argparse.Namespace(
+        n=12, sizes="64x48,48x80", two_image_frac=0.5, repeat_frac=0.4, mm_payload="tensors",
+        model_folder=str(model_folder),
+    )  # fmt: skip
+    serial = bench.build_bodies(args, 3)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=context) as pool:
+        assert bench.build_bodies(args, 3, pool) == serial
+    bodies, images = serial
+    urls = [
+        part["image_url"]["url"]
+        for body in bodies
+        for part in json.loads(body)["messages"][0]["content"]
+        if part["type"] == "image_url"
+    ]
+    assert len(bodies) == 12 and len(urls) == images > 12
+    assert 1 < len(set(urls)) < images  # new images and repeats
+    assert bench.build_bodies(argparse.Namespace(**{**vars(args), "n": 0}), 3) == ([], 0)
