@@ -158,11 +158,10 @@ def build_bodies(
                 made.append((w, h, int(rng.integers(1 << 31))))
                 slots.append(len(made) - 1)
         plan.append(slots)
-    columns = list(zip(*made, strict=True)) or [[], [], []]
-    if pool is None:
-        urls = list(map(_image_url, *columns))
+    if pool is None or not made:
+        urls = [_image_url(*image) for image in made]
     else:
-        urls = list(pool.map(_image_url, *columns, chunksize=8))
+        urls = list(pool.map(_image_url, *zip(*made, strict=True), chunksize=8))
     bodies: list[bytes] = []
     for slots in plan:
         content: list[dict[str, Any]] = [{"type": "text", "text": "Describe the image(s)."}]
