@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -95,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="of those, the ones that run at once while a process has two or more requests in "
         "flight (default with --workers N: cores / N, at least 1; with one worker: all)",
+    )
+    serve.add_argument(
+        "--pin-workers",
+        action="store_true",
+        help="with --workers N: each worker runs on its own share of the cores (Linux; for a "
+        "host that runs this server alone)",
     )
     serve.add_argument(
         "--no-peer-cache",
@@ -186,6 +193,9 @@ def _serve(args: argparse.Namespace) -> int:
             name = "--" + flag.replace("_", "-")
             print(f"aiomm serve: {name} must be at least 1, got {value}")
             return 2
+    if args.pin_workers and not hasattr(os, "sched_setaffinity"):
+        print("aiomm serve: --pin-workers needs Linux (os.sched_setaffinity)")
+        return 2
     if args.cache_gb is not None and not (math.isfinite(args.cache_gb) and args.cache_gb >= 0):
         print(f"aiomm serve: --cache-gb must be 0 or more, got {args.cache_gb}")
         return 2
@@ -215,6 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
             port=args.port,
             workers=args.workers,
             peer_cache=not args.no_peer_cache,
+            pin_workers=args.pin_workers,
         )
     except ListenError as exc:  # the workers' address (one process: uvicorn reports it itself)
         print(f"aiomm serve: {exc}")

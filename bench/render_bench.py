@@ -565,6 +565,11 @@ def main(argv: list[str] | None = None) -> int:
         "--cache-gb", type=float, help="aiomm serve --cache-gb (default: aiomm's default)"
     )
     parser.add_argument(
+        "--aiomm-flags",
+        default="",
+        help="extra flags of the aiomm server (with '=': --aiomm-flags=--pin-workers)",
+    )
+    parser.add_argument(
         "--compare-flags",
         help="also run 'aiomm-b', an aiomm server with these extra flags, in the same rounds "
         "(with '=': --compare-flags=--no-cache-pretouch)",
@@ -596,12 +601,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     with contextlib.ExitStack() as stack:
         servers = {}
-        variants = {"aiomm": []}
+        variants = {"aiomm": shlex.split(args.aiomm_flags)}
         if args.compare_flags is not None:
             variants["aiomm-b"] = shlex.split(args.compare_flags)
         for name, flags in variants.items():
             port = _free_port()
             cmd = aiomm_command(args, port, flags)
+            print(f"{name}: {shlex.join(cmd[1:])}", flush=True)
             started = stack.enter_context(
                 Server(cmd, env, port, logs / f"{name}.log", args.workers)
             )

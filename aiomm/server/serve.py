@@ -79,7 +79,13 @@ def app_from_env() -> Starlette:
 
 
 def serve(
-    config: ServerConfig, *, host: str, port: int, workers: int = 1, peer_cache: bool = True
+    config: ServerConfig,
+    *,
+    host: str,
+    port: int,
+    workers: int = 1,
+    peer_cache: bool = True,
+    pin_workers: bool = False,
 ) -> int:
     """Serve ``config`` until SIGINT / SIGTERM (in-flight requests are drained); return the exit
     status (1: a worker failed at the server's start; 3, uvicorn's: the app of a one-process
@@ -88,7 +94,8 @@ def serve(
     ``peer_cache``: with several workers and no Redis tier, the workers copy items from each
     other (:mod:`aiomm.peer_cache`) through a private directory made here (on tmpfs where there
     is one) and removed at exit. ``config.cache_bytes`` (default: the engine's 4 GiB) is the
-    whole server's: each worker caches an equal share of it.
+    whole server's: each worker caches an equal share of it. ``pin_workers``: with several
+    workers, each runs on its own share of the cores (:mod:`aiomm.server.cpu_pinning`).
     """
     import uvicorn
 
@@ -118,7 +125,7 @@ def serve(
                 )
                 config = replace(config, peer_cache_dir=folder)
             os.environ[_ENV] = _to_env(worker_config(config, workers))
-            return run_workers(host, port, workers, options)
+            return run_workers(host, port, workers, options, pin=pin_workers)
     server = ServingServer(uvicorn.Config(create_app(config), host=host, port=port, **options))
     with contextlib.suppress(KeyboardInterrupt):
         server.run()

@@ -31,6 +31,7 @@ from aiomm.logging import get_logger
 
 from . import connection_balance
 from .connection_balance import NOT_SERVING, ConnectionBalance
+from .cpu_pinning import pin_process, worker_cpus
 
 __all__ = ("ListenError", "listening_socket", "run_workers")
 
@@ -104,6 +105,7 @@ def _worker(
     parent: int,
     counts: Any,
     index: int,
+    cpus: frozenset[int] | None,
 ) -> None:
     import uvicorn
 
@@ -115,6 +117,10 @@ def _worker(
 
     class Worker(ServingServer):
         def serving(self) -> None:
+            if cpus is not None:
+                # once started: the start-up (the model, the cache's pretouch) uses every core
+                threads = pin_process(cpus)
+                log.info("worker_pinned", cpus=sorted(cpus), threads=threads)
             balance.serving()
             ready.set()
 
@@ -129,13 +135,17 @@ def _worker(
     Worker(config).run(sockets=[sock])
 
 
-def run_workers(host: str, port: int, workers: int, options: dict[str, Any]) -> int:
+def run_workers(
+    host: str, port: int, workers: int, options: dict[str, Any], *, pin: bool = False
+) -> int:
     """Run ``workers`` uvicorn servers of ``aiomm.server.serve:app_from_env`` on ``host:port``
     until SIGINT / SIGTERM; return the exit status (1: a worker failed at the server's start).
 
     ``options``: uvicorn ``Config`` keywords (picklable) other than the app, host and port. A
     worker that dies later is started again, after a pause that doubles (up to
     ``_MAX_RESTART_DELAY_S``) while its replacements keep dying soon after they start.
+    ``pin``: each worker (and its replacements) runs on its own share of the cores this process
+    may use (:mod:`.cpu_pinning`), from when it serves.
 
     :raises ListenError: the address is taken or invalid.
     """
@@ -169,12 +179,22 @@ def run_workers(host: str, port: int, workers: int, options: dict[str, Any]) -> 
     # each worker's open connections (NOT_SERVING while it does not serve): the workers even
     # them out (connection_balance)
     counts = context.RawArray("q", [NOT_SERVING] * workers)
+    shares = worker_cpus(sorted(os.sched_getaffinity(0)), workers) if pin else None
 
     def start(slot: Slot) -> None:
         slot.ready = context.Event()
         slot.process = context.Process(
             target=_worker,
-            args=(host, port, options, slot.ready, os.getpid(), counts, slot.index),
+            args=(
+                host,
+                port,
+                options,
+                slot.ready,
+                os.getpid(),
+                counts,
+                slot.index,
+                None if shares is None else shares[slot.index],
+            ),
         )
         slot.restart_at = slot.ready_since = None
         slot.process.start()

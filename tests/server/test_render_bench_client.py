@@ -242,9 +242,15 @@ def test_bench_compares_two_aiomm_servers_in_one_run(
     argv = [
         *("--model-folder", str(model_folder), "--n", "4", "--concurrency", "2", "--rounds", "1"),
         *("--cache-gb", "0.1", "--compare-flags=--no-cache-pretouch", "--json", str(out)),
+        "--aiomm-flags=--no-peer-cache",
     ]
     assert bench.main(argv) == 0
-    assert "c=2: aiomm/aiomm-b (--no-cache-pretouch) images/s x" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "c=2: aiomm/aiomm-b (--no-cache-pretouch) images/s x" in printed
+    # each server's command is printed: the extra flags went to the right one
+    commands = dict(line.split(": ", 1) for line in printed.splitlines()[:2])
+    assert commands["aiomm"].endswith("--cache-gb 0.1 --no-peer-cache"), commands
+    assert commands["aiomm-b"].endswith("--cache-gb 0.1 --no-cache-pretouch"), commands
     rows = json.loads(out.read_text())["combined"]
     assert sorted(r["server"] for r in rows) == ["aiomm", "aiomm-b"]
     assert all(r["images"] > 0 and r["server_cpu_ms_per_image"] > 0 for r in rows)

@@ -71,6 +71,17 @@ def test_serve_passes_the_busy_transform_threads_on(
     assert [c.busy_transform_threads for c in served] == [3, None]
 
 
+def test_serve_passes_the_pinning_on(model_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned: list[bool] = []
+    monkeypatch.setattr(
+        "aiomm.server.serve.serve",
+        lambda config, *, pin_workers, **kwargs: pinned.append(pin_workers) or 0,
+    )
+    assert main(["serve", str(model_folder), "--workers", "2", "--pin-workers"]) == 0
+    assert main(["serve", str(model_folder), "--workers", "2"]) == 0
+    assert pinned == [True, False]
+
+
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
 def test_serve_refuses_a_negative_cache_size(model_folder: Path, capsys: Any, value: str) -> None:
     assert main(["serve", str(model_folder), "--cache-gb", value]) == 2
@@ -109,7 +120,7 @@ def test_serve_drops_the_pretouch_when_the_host_lacks_the_budget(
     monkeypatch.setattr(
         serve_module,
         "run_workers",
-        lambda host, port, workers, opts: (
+        lambda host, port, workers, opts, pin=False: (
             options.append(opts)
             or started.append(json.loads(os.environ["AIOMM_SERVE_CONFIG"]))
             or 0
@@ -253,6 +264,8 @@ def test_serve_workers_start_and_render(model_folder: Path) -> None:
         while len(_listening(port)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert all(_listening(port) & _socket_inodes(pid) for pid in workers)
+        # not pinned unless asked (--pin-workers): the kernel places their threads
+        assert all(os.sched_getaffinity(int(pid)) == os.sched_getaffinity(0) for pid in workers)
         burst = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
         try:
             for conn in burst:
@@ -418,6 +431,56 @@ def test_serve_restarts_a_worker_that_dies_while_serving(model_folder: Path) -> 
             time.sleep(0.2)
         assert victim not in alive and len(alive) == 2 and len(_listening(port)) == 2
         assert httpx.get(url + "/health", timeout=10).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+    finally:
+        _stop(proc)
+
+
+def _thread_cores(pid: str) -> set[frozenset[int]]:
+    """The distinct CPU affinities of ``pid``'s threads."""
+    cores = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            cores.add(frozenset(os.sched_getaffinity(int(task.name))))
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
+    return cores
+
+
+def test_serve_pins_each_worker_to_its_share_of_the_cores(model_folder: Path) -> None:
+    """With ``--pin-workers`` every thread of a worker runs on the worker's own share of the
+    cores, a replacement worker on the share of the one it replaces, and the server renders."""
+    from aiomm.server.cpu_pinning import worker_cpus
+
+    proc, url = _start(model_folder, "--workers", "2", "--cache-gb", "0.25", "--pin-workers")
+    try:
+        shares = sorted(map(sorted, worker_cpus(sorted(os.sched_getaffinity(0)), 2)))
+
+        def pinned() -> dict[str, frozenset[int]]:
+            live = [pid for pid in _workers(proc) if _state(pid) != "Z"]
+            cores = {pid: _thread_cores(pid) for pid in live}
+            return {pid: next(iter(c)) for pid, c in cores.items() if len(c) == 1}
+
+        deadline = time.monotonic() + 120
+        while sorted(map(sorted, pinned().values())) != shares and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held = pinned()
+        assert sorted(map(sorted, held.values())) == shares, held
+        case = json.loads(FIXTURE.read_text())
+        r = httpx.post(url + case["path"], json=case["body"], timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["features"]["mm_hashes"] == case["response"]["features"]["mm_hashes"]
+        victim, cores = next(iter(held.items()))
+        os.kill(int(victim), signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            now = pinned()
+            if victim not in now and sorted(map(sorted, now.values())) == shares:
+                break
+            time.sleep(0.2)
+        replacement = [pid for pid in now if pid not in held]
+        assert len(replacement) == 1 and now[replacement[0]] == cores, (held, now)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) in (0, -signal.SIGTERM)
     finally:
