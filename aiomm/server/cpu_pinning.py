@@ -16,15 +16,15 @@ while the others idle, and a pinned worker cannot borrow a core that another pro
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection
 
 __all__ = ("pin_process", "worker_cpus")
 
 
-def worker_cpus(cpus: Sequence[int], workers: int) -> list[frozenset[int]]:
-    """The cores of each of ``workers`` processes, from the ``cpus`` the server may run on:
-    consecutive equal shares (sizes differing by at most one) while there are at least as many
-    cores as workers, else one core each, dealt round-robin.
+def worker_cpus(cpus: Collection[int], workers: int) -> list[frozenset[int]]:
+    """The cores of each of ``workers`` processes, from the ``cpus`` the server may run on (in
+    any order): consecutive equal shares (sizes differing by at most one) while there are at
+    least as many cores as workers, else one core each, dealt round-robin.
 
     :raises ValueError: no cores or no workers.
     """

@@ -179,7 +179,7 @@ def run_workers(
     # each worker's open connections (NOT_SERVING while it does not serve): the workers even
     # them out (connection_balance)
     counts = context.RawArray("q", [NOT_SERVING] * workers)
-    shares = worker_cpus(sorted(os.sched_getaffinity(0)), workers) if pin else None
+    shares = worker_cpus(os.sched_getaffinity(0), workers) if pin else None
 
     def start(slot: Slot) -> None:
         slot.ready = context.Event()

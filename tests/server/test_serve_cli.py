@@ -455,9 +455,10 @@ def test_serve_pins_each_worker_to_its_share_of_the_cores(model_folder: Path) ->
 
     proc, url = _start(model_folder, "--workers", "2", "--cache-gb", "0.25", "--pin-workers")
     try:
-        shares = sorted(map(sorted, worker_cpus(sorted(os.sched_getaffinity(0)), 2)))
+        shares = sorted(map(sorted, worker_cpus(os.sched_getaffinity(0), 2)))
 
         def pinned() -> dict[str, frozenset[int]]:
+            # each live worker whose threads share one affinity (the host's, until it pins)
             live = [pid for pid in _workers(proc) if _state(pid) != "Z"]
             cores = {pid: _thread_cores(pid) for pid in live}
             return {pid: next(iter(c)) for pid, c in cores.items() if len(c) == 1}
