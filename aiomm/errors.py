@@ -43,6 +43,8 @@ import http
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+from aiomm.redaction import redact
+
 __all__ = (
     "AiommError",
     "BlockedAddressError",
@@ -101,6 +103,9 @@ class AiommError(Exception):
     ``request_id`` and ``item_index`` name the request and the item (its position among the
     request's items) the error concerns, when known. The layer that knows them attaches them
     with :meth:`with_context`; ``str()`` shows them after the message.
+
+    Credentials in a URL the message quotes (user info, a signed query) are masked
+    (:func:`aiomm.redaction.redact`): an error may reach a log, a metric or a client.
     """
 
     request_id: str | None
@@ -109,7 +114,7 @@ class AiommError(Exception):
     def __init__(
         self, *args: object, request_id: str | None = None, item_index: int | None = None
     ) -> None:
-        super().__init__(*args)
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
         self.request_id = request_id
         self.item_index = item_index
 
@@ -141,7 +146,7 @@ class AiommError(Exception):
             context.append(f"request_id={self.request_id!r}")
         if getattr(self, "item_index", None) is not None:
             context.append(f"item_index={self.item_index}")
-        message = self._message()
+        message = redact(self._message())
         return f"{message} [{', '.join(context)}]" if context else message
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -242,8 +247,8 @@ class MediaError(AiommError, ValueError):
         request_id: str | None = None,
         item_index: int | None = None,
     ) -> None:
-        source = None if source is None else _printable(source)
-        message = _printable(message)
+        message = _printable(redact(message, source=source))
+        source = None if source is None else _printable(redact(source, source=source))
         self.source = source
         super().__init__(
             f"{message} (source: {source})" if source else message,
@@ -292,7 +297,7 @@ class HTTPStatusError(FetchError):
         item_index: int | None = None,
     ) -> None:
         self.status_code = status_code
-        self.url = url
+        self.url = None if url is None else redact(url, source=url)
         try:
             reason = f" {http.HTTPStatus(status_code).phrase}"
         except ValueError:  # a status code outside the registry, e.g. 599

@@ -50,6 +50,7 @@ from aiomm.errors import (
     TooManyRedirectsError,
 )
 from aiomm.logging import get_logger
+from aiomm.redaction import redact
 
 __all__ = (
     "METADATA_ADDRESSES",
@@ -290,15 +291,11 @@ class _State(enum.Enum):
 
 
 def _shown(url: str) -> str:
-    """The URL as error messages show it: data URLs cut short, userinfo removed."""
+    """The URL as error messages show it: data URLs cut short, credentials masked
+    (:func:`aiomm.redaction.redact`, malformed URLs included)."""
     if url[:5].lower() == "data:":
         return url[:_DATA_URL_SHOWN] + ("..." if len(url) > _DATA_URL_SHOWN else "")
-    try:
-        parts = urlsplit(url)
-        if parts.username is not None or parts.password is not None:
-            url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
-    except ValueError:  # malformed (e.g. "http://[::1"): shown as given, the error says why
-        pass
+    url = redact(url, source=url)
     return url[:_URL_SHOWN] + ("..." if len(url) > _URL_SHOWN else "")
 
 
@@ -656,7 +653,8 @@ def _file_url_path(url: str) -> Path:
         raise InvalidSourceError(f"invalid file URL: {exc}", source=_shown(url)) from exc
     if parts.netloc not in ("", "localhost"):
         raise InvalidSourceError(
-            f"file URL names host {parts.netloc!r}; only local files are read", source=_shown(url)
+            f"file URL names host {parts.netloc.rpartition('@')[2]!r}; only local files are read",
+            source=_shown(url),
         )
     if parts.query or parts.fragment:
         raise InvalidSourceError("file URL has a query or fragment", source=_shown(url))

@@ -8,6 +8,9 @@ application's :mod:`logging` configuration therefore decides what is shown and w
   warnings away from :data:`logging.lastResort`, as the logging HOWTO asks of libraries.
 - Levels are the standard library's: an event below the logger's effective level is dropped
   before any processor runs.
+- Credentials are masked before any processor sees an event (:func:`aiomm.redaction.redact` on
+  every string field and on the formatted traceback of ``log.exception``): URLs in events and
+  errors may carry user info or signed queries.
 - aiomm never calls :func:`structlog.configure`. If the application configured structlog, its
   processors shape aiomm's events too (context variables, timestamps, renderer), and their result
   goes to the stdlib logger. Otherwise the record's ``msg`` is the event dict itself, which a plain
@@ -30,6 +33,7 @@ import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from aiomm.errors import ConfigError
+from aiomm.redaction import redact
 
 __all__ = ("configure_logging", "get_logger")
 
@@ -55,6 +59,25 @@ def _to_stdlib(
     return (_Event(event_dict),), {"extra": {"_logger": logger, "_name": method_name}}
 
 
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, BaseException):
+        return redact(f"{type(value).__name__}: {value}")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_masked(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    return value
+
+
+def _redact_event(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    if event_dict.get("exc_info"):
+        # formatted here, so a chained library exception's message is masked too
+        event_dict = structlog.processors.format_exc_info(logger, method_name, event_dict)
+    return {key: _masked(value) for key, value in event_dict.items()}
+
+
 _OWN_PROCESSORS: Sequence[Processor] = (structlog.contextvars.merge_contextvars, _to_stdlib)
 
 
@@ -74,7 +97,7 @@ def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     Configuring nothing global, it leaves the application's structlog configuration alone.
     """
     return structlog.stdlib.BoundLogger(
-        logging.getLogger(name), [structlog.stdlib.filter_by_level, _shape], {}
+        logging.getLogger(name), [structlog.stdlib.filter_by_level, _redact_event, _shape], {}
     )
 
 

@@ -14,16 +14,19 @@ from aiomm.errors import (
     MediaError,
     OverloadedError,
 )
+from aiomm.redaction import redact
 
 __all__ = ("ApiError", "from_aiomm_error")
 
 
 class ApiError(Exception):
-    """Raised for a request the server refuses; rendered as an OpenAI error body."""
+    """Raised for a request the server refuses; rendered as an OpenAI error body (credentials
+    in a URL it quotes masked, :func:`aiomm.redaction.redact`)."""
 
     def __init__(
         self, message: str, *, status: int = 400, type: str | None = None, param: str | None = None
     ) -> None:
+        message = redact(message)
         super().__init__(message)
         self.message = message
         self.status = status
