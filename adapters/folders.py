@@ -1,12 +1,42 @@
-"""Offline model folders for every registered architecture: what ``aiomm serve`` and
-``Engine.from_pretrained(folder)`` read, written without a model hub.
+"""Offline model folders for every registered architecture: what ``aiomm serve``,
+``Engine.from_pretrained(folder)`` and vLLM's render server (``vllm launch render FOLDER``) read,
+written without a model hub.
 
-:func:`write_model_folder` saves the architecture's reference HF processor (``build_hf_processor``:
-the word-level tokenizer of :mod:`aiomm.adapters.offline` with the model's real special tokens, and
-the image processor's documented parameters) with ``save_pretrained``, the model family's chat
-template, and a minimal ``config.json`` naming the architecture. No weights and no
-``generation_config.json`` (sampling falls back to vLLM's defaults). :func:`model_folder` builds
-one into a cache directory once, for ``aiomm serve SHORT_NAME``.
+A folder holds, as the architecture's published checkpoint lays them out (no weights and no
+``generation_config.json``: sampling falls back to vLLM's defaults):
+
+- ``config.json`` (:func:`model_config`): the transformers ``model_type`` and the architecture's
+  ``architectures``, the example checkpoint's (``Architecture.example_models``) structure in
+  ``text_config`` / ``vision_config`` as far as the config and the multimodal processor read it
+  (:data:`CONFIG_SPECS`; a value not listed there takes the config class's default), every token
+  id the config carries (image / video / vision-start tokens, bos / eos / pad) as the id of the
+  folder's own tokenizer, ``torch_dtype`` ``bfloat16`` and a context of
+  :data:`MAX_POSITION_EMBEDDINGS`, plus the entries the reference processor keeps in
+  ``config.json`` (``config_entries()``: Llama Nemotron VL's tiling parameters);
+- the reference HF processor (``build_hf_processor``: the word-level tokenizer of
+  :mod:`aiomm.adapters.offline` with the model's real special tokens, and the image and video
+  processors' documented parameters), saved as checkpoints ship it (:func:`save_processor`):
+  ``tokenizer.json`` / ``tokenizer_config.json``, ``chat_template.jinja``,
+  ``preprocessor_config.json`` (the image processor and the ``processor_class``),
+  ``video_preprocessor_config.json`` where the family has a video processor (vLLM picks its video
+  loader from that file's ``video_processor_type``) and ``processor_config.json`` only where the
+  processor has parameters of its own (Pixtral, Chameleon);
+- where the ``model_type`` would make transformers rebuild the tokenizer as its family's
+  (Qwen3.5, Qwen4-Exp, Intern-S2-Mobius), ``tokenization_offline.py`` and an ``auto_map`` that keep
+  the saved one (:func:`pin_tokenizer`).
+
+Where a checkpoint's own ``model_type`` needs the configuration code of its repository
+(``trust_remote_code``: Intern-S1-Pro, Intern-S2-Mobius, Llama Nemotron VL), the folder names a
+transformers family whose config holds the fields vLLM's implementation reads (Qwen3-VL-MoE,
+Qwen3.5-MoE, LLaVA; ``ConfigSpec.hub_model_type`` records the checkpoint's), so that it loads
+without remote code. vLLM registers Llama
+Nemotron VL's embedder as ``LlamaNemotronVLModel`` (the checkpoint's ``architectures``); its
+folder lists that name after aiomm's (``ConfigSpec.also_architectures``), the first being the
+one :func:`aiomm.adapters.from_pretrained` reads and vLLM taking the first it supports.
+
+:func:`model_folder` builds one into a cache directory once, for ``aiomm serve SHORT_NAME``; the
+folder's name carries aiomm's version and :data:`FOLDER_FORMAT`, so a folder of another layout is
+never reused.
 
 The chat templates are the families' published ones reduced to what a render request uses (roles,
 text and images in order; no tools, no reasoning switches), each writing the image placeholder the
@@ -33,6 +63,8 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +72,18 @@ from aiomm.adapters._stored import cache_dir, user_cache_dir
 from aiomm.adapters.registry import get_adapter_info
 from aiomm.errors import ConfigError
 
-__all__ = ("CHAT_TEMPLATES", "default_cache_dir", "model_folder", "write_model_folder")
+__all__ = (
+    "CHAT_TEMPLATES",
+    "CONFIG_SPECS",
+    "FOLDER_FORMAT",
+    "ConfigSpec",
+    "default_cache_dir",
+    "model_config",
+    "model_folder",
+    "pin_tokenizer",
+    "save_processor",
+    "write_model_folder",
+)
 
 _QWEN_CONTENT = (
     "{% if message['content'] is string %}{{ message['content'] }}"
@@ -116,15 +159,220 @@ CHAT_TEMPLATES: dict[str, str] = {
     "NemotronVLReference": LLAMA3_VL_TEMPLATE,
 }
 
-#: the context length written into every offline ``config.json``
+#: the context length written into every offline ``config.json`` (``max_position_embeddings``:
+#: vLLM's and ``aiomm serve``'s ``max_model_len``)
 MAX_POSITION_EMBEDDINGS = 32768
+#: the layout of the folders :func:`write_model_folder` writes: part of :func:`model_folder`'s
+#: cache key (2: real ``config.json`` files and the processor configs checkpoints ship)
+FOLDER_FORMAT = 2
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """What one architecture's ``config.json`` holds beyond the fields every folder has."""
+
+    #: the transformers config family (``AutoConfig`` reads the folder as it)
+    model_type: str
+    #: the example checkpoint's values: top-level fields, ``text_config`` and ``vision_config``
+    values: Mapping[str, Any]
+    #: config field (``"text_config.eos_token_id"`` for a nested one) -> the special token (or
+    #: tokens) whose id in the folder's tokenizer it holds
+    token_ids: Mapping[str, str | tuple[str, ...]]
+    #: the checkpoint's own ``model_type`` where it needs remote code (the folder writes
+    #: :attr:`model_type`, a family whose config holds what vLLM reads), else None
+    hub_model_type: str | None = None
+    #: names vLLM registers the architecture under besides aiomm's (listed after it)
+    also_architectures: tuple[str, ...] = ()
+
+
+_QWEN_TOKEN_IDS: dict[str, str | tuple[str, ...]] = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+    "text_config.bos_token_id": "<|endoftext|>",
+    "text_config.eos_token_id": "<|im_end|>",
+}
+_GLM_TOKEN_IDS: dict[str, str | tuple[str, ...]] = {
+    "image_token_id": "<|image|>",
+    "video_token_id": "<|video|>",
+    "image_start_token_id": "<|begin_of_image|>",
+    "image_end_token_id": "<|end_of_image|>",
+    "video_start_token_id": "<|begin_of_video|>",
+    "video_end_token_id": "<|end_of_video|>",
+    "text_config.pad_token_id": "<|endoftext|>",
+    "text_config.eos_token_id": ("<|endoftext|>", "<|user|>", "<|observation|>"),
+}
+_NEMOTRON_TOKEN_IDS: dict[str, str | tuple[str, ...]] = {
+    "image_token_index": "<IMG_CONTEXT>",
+    "img_context_token_id": "<IMG_CONTEXT>",
+    "text_config.bos_token_id": "<|begin_of_text|>",
+    "text_config.eos_token_id": "<|end_of_text|>",
+}
+#: Qwen3-VL's vision tower (patch 16) under each Qwen3-VL-processor checkpoint
+_QWEN3_VISION = {"patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2}
+#: nvidia/llama-nemotron-{embed,rerank}-vl-1b-v2: Llama 3.2 1B as the language model, SigLIP
+#: tiles (``config_entries()`` adds the tile size and patch)
+_NEMOTRON_VALUES: dict[str, Any] = {
+    "text_config": {
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+        "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    },
+    "vision_config": {"model_type": "siglip_vision_model"},
+    # the checkpoints' pooling of the language model's states (vLLM's pooler reads it)
+    "pooling": "avg",
+}  # fmt: skip
+
+#: each registered architecture's ``config.json`` (by short name)
+CONFIG_SPECS: dict[str, ConfigSpec] = {
+    "qwen2-vl": ConfigSpec("qwen2_vl", {  # Qwen/Qwen2-VL-2B-Instruct
+        "tie_word_embeddings": True,
+        "text_config": {
+            "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+            "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+            "max_window_layers": 28, "rms_norm_eps": 1e-06, "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                "mrope_section": [16, 24, 24]},
+        },
+        "vision_config": {
+            "depth": 32, "embed_dim": 1280, "hidden_size": 1536, "mlp_ratio": 4, "num_heads": 16,
+            "in_chans": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        },
+    }, _QWEN_TOKEN_IDS),
+    "qwen2.5-vl": ConfigSpec("qwen2_5_vl", {  # Qwen/Qwen2.5-VL-3B-Instruct
+        "tie_word_embeddings": True,
+        "text_config": {
+            "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008,
+            "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+            "max_window_layers": 70, "rms_norm_eps": 1e-06, "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                "mrope_section": [16, 24, 24]},
+        },
+        "vision_config": {
+            "depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+            "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14,
+            "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+            "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+        },
+    }, _QWEN_TOKEN_IDS),
+    "qwen3-vl": ConfigSpec("qwen3_vl", {  # Qwen/Qwen3-VL-4B-Instruct
+        "tie_word_embeddings": True,
+        "text_config": {
+            "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
+            "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "rms_norm_eps": 1e-06, "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+        },
+        "vision_config": {
+            **_QWEN3_VISION, "depth": 24, "hidden_size": 1024, "intermediate_size": 4096,
+            "num_heads": 16, "out_hidden_size": 2560, "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [5, 11, 17],
+        },
+    }, _QWEN_TOKEN_IDS),
+    "qwen3-vl-moe": ConfigSpec("qwen3_vl_moe", {  # Qwen/Qwen3-VL-30B-A3B-Instruct
+        "text_config": {
+            "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+            "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+            "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "head_dim": 128, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+        },
+        "vision_config": {
+            **_QWEN3_VISION, "depth": 27, "hidden_size": 1152, "intermediate_size": 4304,
+            "num_heads": 16, "out_hidden_size": 2048, "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [8, 16, 24],
+        },
+    }, _QWEN_TOKEN_IDS),
+    # The newer checkpoints' sizes are their config classes' defaults (the published configs
+    # are not at hand offline); the vision tower's patching is Qwen3-VL's.
+    "qwen3.5": ConfigSpec("qwen3_5", {"vision_config": _QWEN3_VISION}, _QWEN_TOKEN_IDS),
+    "qwen3.5-moe": ConfigSpec("qwen3_5_moe", {"vision_config": _QWEN3_VISION}, _QWEN_TOKEN_IDS),
+    "qwen4-exp": ConfigSpec("qwen4_exp", {"vision_config": _QWEN3_VISION}, _QWEN_TOKEN_IDS),
+    # vLLM builds Intern-S1-Pro on Qwen3-VL-MoE and Intern-S2-Mobius on Qwen3.5-MoE
+    "intern-s1-pro": ConfigSpec(
+        "qwen3_vl_moe", {"vision_config": _QWEN3_VISION}, _QWEN_TOKEN_IDS,
+        hub_model_type="interns1_pro",
+    ),
+    "intern-s2-mobius": ConfigSpec(
+        "qwen3_5_moe", {"vision_config": _QWEN3_VISION}, _QWEN_TOKEN_IDS,
+        hub_model_type="interns2_mobius",
+    ),
+    "glm-4v": ConfigSpec("glm4v", {  # zai-org/GLM-4.1V-9B-Thinking
+        "text_config": {
+            "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+            "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+            "attention_bias": True, "rms_norm_eps": 1e-05, "partial_rotary_factor": 0.5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "mrope_section": [8, 12, 12]},
+        },
+        "vision_config": {
+            "depth": 24, "hidden_size": 1536, "intermediate_size": 13696, "num_heads": 12,
+            "out_hidden_size": 4096, "image_size": 336, "patch_size": 14,
+            "spatial_merge_size": 2, "temporal_patch_size": 2, "rms_norm_eps": 1e-05,
+        },
+    }, _GLM_TOKEN_IDS),
+    "glm-ocr": ConfigSpec("glm_ocr", {  # zai-org/GLM-OCR (sizes: GlmOcrConfig's defaults)
+        "vision_config": {"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    }, _GLM_TOKEN_IDS),
+    "glm-5-next": ConfigSpec("glm5_next", {  # zai-org/GLM-5.3-Flash (Glm5NextConfig's defaults)
+        "vision_config": {"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    }, _GLM_TOKEN_IDS),
+    "mistral3": ConfigSpec("mistral3", {  # mistralai/Mistral-Small-3.1-24B-Instruct-2503
+        "spatial_merge_size": 2, "multimodal_projector_bias": False,
+        "projector_hidden_act": "gelu", "vision_feature_layer": -1,
+        "text_config": {
+            "model_type": "mistral", "vocab_size": 131072, "hidden_size": 5120,
+            "intermediate_size": 32768, "num_hidden_layers": 40, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-05,
+            "sliding_window": None, "rope_parameters": {"rope_type": "default",
+                                                        "rope_theta": 1000000000.0},
+        },
+        "vision_config": {
+            "model_type": "pixtral", "hidden_size": 1024, "intermediate_size": 4096,
+            "num_hidden_layers": 24, "num_attention_heads": 16, "head_dim": 64,
+            "image_size": 1540, "patch_size": 14,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    }, {
+        "image_token_index": "[IMG]",
+        "text_config.bos_token_id": "<s>",
+        "text_config.eos_token_id": "</s>",
+    }),
+    "chameleon": ConfigSpec("chameleon", {  # facebook/chameleon-7b
+        "vocab_size": 65536, "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "rms_norm_eps": 1e-05,
+    }, {"image_token_id": "<image>", "bos_token_id": "<s>", "eos_token_id": "</s>"}),
+    # The checkpoints' ``llama_nemotron_vl`` configs are remote code: LLaVA's config holds the
+    # same fields (a Llama ``text_config``, a SigLIP ``vision_config``, the tiling entries).
+    "llama-nemotron-vl-embed": ConfigSpec(
+        "llava", _NEMOTRON_VALUES, _NEMOTRON_TOKEN_IDS,
+        hub_model_type="llama_nemotron_vl", also_architectures=("LlamaNemotronVLModel",),
+    ),
+    "llama-nemotron-vl-rerank": ConfigSpec(
+        "llava",
+        {**_NEMOTRON_VALUES, "text_config": {**_NEMOTRON_VALUES["text_config"], "num_labels": 1}},
+        _NEMOTRON_TOKEN_IDS,
+        hub_model_type="llama_nemotron_vl_rerank",
+    ),
+}  # fmt: skip
 
 
 def write_model_folder(name: str, path: str | Path, *, backend: str = "torchvision") -> Path:
     """Write the offline model folder of architecture or short name ``name`` into ``path``.
 
     :raises UnknownArchitectureError: no adapter has that name.
-    :raises ConfigError: the architecture's reference processor has no family chat template here.
+    :raises ConfigError: the architecture's reference processor has no family chat template or
+        no config here, or its tokenizer lacks a token the config names.
     """
     info = get_adapter_info(name)
     hf_processor = info.build_hf_processor(backend=backend)
@@ -135,22 +383,156 @@ def write_model_folder(name: str, path: str | Path, *, backend: str = "torchvisi
             f"no chat template for {info.short_name}'s reference processor {family}; add its "
             "family's template to aiomm.adapters.folders.CHAT_TEMPLATES"
         )
+    config = model_config(info.short_name, hf_processor)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     hf_processor.tokenizer.chat_template = template
     if hasattr(hf_processor, "chat_template"):
         hf_processor.chat_template = template
-    hf_processor.save_pretrained(str(folder))
+    save_processor(hf_processor, folder)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    pin_tokenizer(folder, hf_processor.tokenizer)
+    return folder
+
+
+def model_config(name: str, hf_processor: Any) -> dict[str, Any]:
+    """The ``config.json`` of architecture or short name ``name`` whose folder holds
+    ``hf_processor`` (its tokenizer numbers the token ids; its ``config_entries()``, where it
+    has them, are kept).
+
+    :raises ConfigError: the architecture has no :data:`CONFIG_SPECS` entry, or the tokenizer
+        lacks a token the entry names.
+    """
+    info = get_adapter_info(name)
+    spec = CONFIG_SPECS.get(info.short_name)
+    if spec is None:
+        raise ConfigError(
+            f"no config.json values for {info.short_name}; add them to "
+            "aiomm.adapters.folders.CONFIG_SPECS"
+        )
     config: dict[str, Any] = {
-        "architectures": [info.architecture],
-        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "architectures": list(dict.fromkeys((info.architecture, *spec.also_architectures))),
+        "model_type": spec.model_type,
         "torch_dtype": "bfloat16",
     }
+    _merge(config, spec.values)
+    # the context length is the language model's: in its text_config where the family nests one
+    context = config.setdefault("text_config", {}) if _nests_text_config(spec) else config
+    context["max_position_embeddings"] = MAX_POSITION_EMBEDDINGS
+    for key, value in _token_ids(spec, hf_processor.tokenizer).items():
+        *parents, leaf = key.split(".")
+        node = config
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
     entries = getattr(hf_processor, "config_entries", None)
     if entries is not None:
-        config.update(entries())
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
+        _merge(config, entries())
+    return config
+
+
+def _nests_text_config(spec: ConfigSpec) -> bool:
+    """Whether ``spec``'s config family keeps its language model's fields in ``text_config``."""
+    from transformers import CONFIG_MAPPING
+
+    return "text_config" in (getattr(CONFIG_MAPPING[spec.model_type], "sub_configs", None) or {})
+
+
+def _token_ids(spec: ConfigSpec, tokenizer: Any) -> dict[str, int | list[int]]:
+    """``spec.token_ids`` as ids of ``tokenizer``.
+
+    :raises ConfigError: the tokenizer lacks one of the tokens.
+    """
+    out: dict[str, int | list[int]] = {}
+    for key, tokens in spec.token_ids.items():
+        names = [tokens] if isinstance(tokens, str) else list(tokens)
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in names]
+        unknown = (None, tokenizer.unk_token_id)
+        missing = [t for t, i in zip(names, ids, strict=True) if i in unknown]
+        if missing:
+            raise ConfigError(f"the tokenizer has no {missing} for config.json's {key}")
+        out[key] = ids[0] if isinstance(tokens, str) else ids
+    return out
+
+
+def _merge(into: dict[str, Any], values: Mapping[str, Any]) -> None:
+    """Copy ``values`` into ``into``, merging nested mappings key by key."""
+    for key, value in values.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        elif isinstance(value, Mapping):
+            into[key] = {}
+            _merge(into[key], value)
+        else:
+            into[key] = list(value) if isinstance(value, tuple) else value
+
+
+#: each sub-processor of an HF processor and the file a checkpoint keeps it in
+_PROCESSOR_FILES = {
+    "image_processor": "preprocessor_config.json",
+    "video_processor": "video_preprocessor_config.json",
+}
+
+
+def save_processor(hf_processor: Any, folder: Path) -> None:
+    """Save ``hf_processor`` into ``folder`` in the files checkpoints ship: its tokenizer and
+    chat template, each sub-processor in its own file (:data:`_PROCESSOR_FILES`, with the
+    ``processor_class``), and ``processor_config.json`` only for parameters of the processor's
+    own. (transformers 5 nests the sub-processors in ``processor_config.json``, which both
+    transformers 5 and vLLM read; vLLM picks its video loader only from
+    ``video_preprocessor_config.json`` or ``preprocessor_config.json``.)"""
+    hf_processor.save_pretrained(str(folder))
+    composite = folder / "processor_config.json"
+    if not composite.is_file():  # a reference without an HF processor (the tokenizer only)
+        return
+    processor = json.loads(composite.read_text())
+    for attribute, filename in _PROCESSOR_FILES.items():
+        sub = processor.pop(attribute, None)
+        if sub is not None:
+            sub["processor_class"] = processor["processor_class"]
+            (folder / filename).write_text(json.dumps(sub, indent=2, sort_keys=True) + "\n")
+    if set(processor) - {"processor_class"}:
+        composite.write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
+    else:
+        composite.unlink()
+
+
+#: the module a folder ships where transformers would rebuild its tokenizer (:func:`pin_tokenizer`)
+_TOKENIZER_MODULE = "tokenization_offline"
+_TOKENIZER_CODE = '''"""The tokenizer of an aiomm offline folder, as ``tokenizer.json`` holds it."""
+
+from transformers import TokenizersBackend
+
+
+class OfflineTokenizer(TokenizersBackend):
+    """``tokenizer.json`` as saved: no tokenizer of the model family rebuilt from its vocabulary."""
+'''
+
+
+def pin_tokenizer(folder: Path, tokenizer: Any) -> None:
+    """Keep ``folder``'s tokenizer the one saved where its ``config.json`` would make transformers
+    load another: for some model types (Qwen3.5, Qwen4-Exp) ``AutoTokenizer`` ignores
+    ``tokenizer_class`` and rebuilds the family's byte-level BPE from the saved vocabulary, which
+    drops every word of the word-level offline tokenizer. Such a folder names a tokenizer class
+    of its own in ``tokenizer_config.json``'s ``auto_map``, a subclass of ``TokenizersBackend``
+    that adds nothing (``tokenization_offline.py``). For exactly these model types transformers
+    (5.20, which vLLM 0.33 pins, and 5.24) skips a tokenizer's remote code unless
+    ``trust_remote_code`` is set and loads ``tokenizer_config.json``'s ``tokenizer_class``
+    (``TokenizersBackend``: ``tokenizer.json`` as it is); with ``trust_remote_code`` the module
+    loads the same tokenizer. ``tests/adapters/test_folders.py`` checks both ways."""
+    from transformers import AutoTokenizer
+
+    from aiomm.adapters.offline import PROMPT_WORDS
+
+    probe = " ".join([*PROMPT_WORDS, *tokenizer.all_special_tokens])
+    loaded = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if loaded.encode(probe) == tokenizer.encode(probe):
+        return
+    (folder / f"{_TOKENIZER_MODULE}.py").write_text(_TOKENIZER_CODE)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["auto_map"] = {"AutoTokenizer": [None, f"{_TOKENIZER_MODULE}.OfflineTokenizer"]}
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def default_cache_dir() -> Path:
@@ -172,7 +554,7 @@ def model_folder(name: str, cache_dir: str | Path | None = None) -> Path:
 
     info = get_adapter_info(name)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    folder = root / "models" / f"{info.short_name}-{__version__}"
+    folder = root / "models" / f"{info.short_name}-{__version__}-f{FOLDER_FORMAT}"
     if (folder / "config.json").is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)

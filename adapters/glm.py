@@ -74,7 +74,7 @@ from aiomm.processing.image_ops import (
     resize,
     to_rgb_array,
 )
-from aiomm.processing.processor import BaseMultiModalProcessor
+from aiomm.processing.processor import BaseMultiModalProcessor, image_size
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 from aiomm.video import VideoClip, VideoInfo
 
@@ -124,7 +124,7 @@ def glm4v_smart_resize(
     rule (:func:`~aiomm.adapters.qwen_vl.video_smart_resize`) with the image counted as
     ``temporal_factor`` frames against the pixel bounds.
 
-    :raises ProcessingError: for an aspect ratio above 200 (after scaling up a thin image).
+    :raises AspectRatioError: for an aspect ratio above 200 (after scaling up a thin image).
     """
     return video_smart_resize(
         temporal_factor,
@@ -134,6 +134,7 @@ def glm4v_smart_resize(
         temporal_factor=temporal_factor,
         min_pixels=min_pixels,
         max_pixels=max_pixels,
+        modality="image",
     )
 
 
@@ -265,7 +266,7 @@ def glm5_next_canvas(
     processor's resize, whose budget counts every frame); an image counts as
     ``temporal_factor`` frames.
 
-    :raises ProcessingError: if ``max_tokens`` cannot hold one aligned patch.
+    :raises ProcessorKwargsError: if ``max_tokens`` cannot hold one aligned patch.
     """
     pixels_per_token = temporal_factor * factor**2
     min_pixels = min_tokens * pixels_per_token
@@ -279,7 +280,7 @@ def glm5_next_canvas(
         canvas_w = _align(max(1, math.ceil(width * scale)), factor)
     if frames * canvas_h * canvas_w > max_pixels:
         if max_pixels < frames * factor**2:
-            raise ProcessingError(
+            raise ProcessorKwargsError(
                 f"max_image_tokens={max_tokens} is too small for one aligned "
                 f"{factor}x{factor} patch"
             )
@@ -431,10 +432,6 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
             )
         return glm4v_sample_frame_indices(info, fps=fps, max_duration=vp.max_duration)
 
-    def max_kept_pixels(self) -> int | None:
-        """The upper pixel bound of the resize (``size.longest_edge``)."""
-        return self._bounds({})[1]
-
     def _bounds(self, hf_kwargs: Mapping[str, Any]) -> tuple[int, int]:
         shortest, longest = size_edges(hf_kwargs.get("size", self.image_processor.size))
         if not shortest or not longest:
@@ -476,7 +473,24 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
             hf_data["videos"] = [c.frames for c in clips]
             kwargs["video_metadata"] = [c.metadata() for c in clips]
             kwargs["do_sample_frames"] = False
+        if self.transform == "hf":
+            self._check_items(hf_data, kwargs)
         return hf_data, kwargs, passthrough
+
+    def _check_items(self, hf_data: Mapping[str, Any], hf_kwargs: Mapping[str, Any]) -> None:
+        """Refuse, typed, what the HF processor would refuse with a ValueError, before it is
+        called (the native transform refuses as it computes each item's size).
+
+        :raises ItemRejectedError: an item the image or video processor refuses.
+        """
+        if hf_data.get("images"):
+            params = self._resolve_params(hf_kwargs)
+            for image in hf_data["images"]:
+                self.canvas(*image_size(image), params)
+        if hf_data.get("videos"):
+            params = self._resolve_video_params(hf_kwargs)
+            for frames in hf_data["videos"]:
+                self.video_canvas(*frames.shape[:3], params)
 
     # the transform --------------------------------------------------------------------------
 
@@ -528,8 +542,8 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         """One video's sampled ``T x H x W x 3`` frames -> (rows, [grid_t, grid_h, grid_w]), as
         the video processor.
 
-        :raises ProcessingError: fewer frames than ``temporal_patch_size``, or an aspect ratio
-            above 200.
+        :raises TooFewFramesError: fewer frames than ``temporal_patch_size``.
+        :raises AspectRatioError: an aspect ratio above 200.
         """
         t, height, width = frames.shape[:3]
         canvas, (height, width) = self.video_canvas(t, height, width, params)
@@ -542,7 +556,7 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         """``(canvas, content)`` sizes of the frames of a video of ``t`` sampled frames: GLM-4V's
         video ``smart_resize`` (no padding).
 
-        :raises ProcessingError: a video the video processor rejects.
+        :raises ItemRejectedError: a video the video processor rejects.
         """
         if not params.do_resize:
             return (height, width), (height, width)

@@ -36,7 +36,7 @@ from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import resolve_params
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
-from aiomm.errors import ProcessorKwargsError
+from aiomm.errors import EmptyResizeError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import (
@@ -49,6 +49,7 @@ from aiomm.processing.image_ops import Resample, resize, to_rgb_array
 from aiomm.processing.processor import (
     BaseMultiModalProcessor,
     check_uint8_exact,
+    image_size,
 )
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
@@ -70,12 +71,19 @@ _KWARGS = frozenset({
 def pixtral_target_size(
     height: int, width: int, *, max_height: int, max_width: int, patch_size: int
 ) -> tuple[int, int]:
-    """Pixtral's resize target, identical to transformers' ``get_resize_output_image_size``."""
+    """Pixtral's resize target, identical to transformers' ``get_resize_output_image_size``.
+
+    :raises EmptyResizeError: an image so thin that scaling it down to fit floors a side to
+        zero pixels (HF's resize would then fail in torch or Pillow).
+    """
+    source = height, width
     ratio = max(height / max_height, width / max_width)
     if ratio > 1:
         height = math.floor(height / ratio)
         width = math.floor(width / ratio)
     rows, cols = (height - 1) // patch_size + 1, (width - 1) // patch_size + 1
+    if rows <= 0 or cols <= 0:
+        raise EmptyResizeError("image", *source, (rows * patch_size, cols * patch_size))
     return rows * patch_size, cols * patch_size
 
 
@@ -151,11 +159,6 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
         """The image processor's kwargs that the transform reads; others would be ignored."""
         return super().allowed_hf_kwargs() & _KWARGS
 
-    def max_kept_pixels(self) -> int | None:
-        """Both sides at most ``longest_edge`` (or the ``height`` x ``width`` box)."""
-        params = self._resolve_params({})
-        return int(params.max_height) * int(params.max_width)
-
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
         ip = self.image_processor
         size = hf_kwargs.get("size", ip.size)
@@ -187,8 +190,23 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
             patch_size=params.patch_size,
         )
 
+    def _get_hf_mm_inputs(
+        self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        hf_data, kwargs, passthrough = super()._get_hf_mm_inputs(mm_items, hf_kwargs)
+        if self.transform == "hf" and hf_data.get("images"):
+            # refused typed before HF's resize fails on it (the native transform refuses as it
+            # computes each image's size)
+            params = self._resolve_params(kwargs)
+            for image in hf_data["images"]:
+                self.target_size(*image_size(image), params)
+        return hf_data, kwargs, passthrough
+
     def transform_image(self, image: Any, params: _TransformParams) -> torch.Tensor:
-        """One image -> its ``[C, h, w]`` pixels (uint8, or normalised on the classic path)."""
+        """One image -> its ``[C, h, w]`` pixels (uint8, or normalised on the classic path).
+
+        :raises EmptyResizeError: an image too thin to keep a pixel on each side.
+        """
         rgb = to_rgb_array(image) if params.do_convert_rgb else np.asarray(image)
         height, width = self.target_size(rgb.shape[0], rgb.shape[1], params)
         chw = resize(rgb, height, width, params.resample, self.backend).contiguous()

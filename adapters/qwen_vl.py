@@ -50,7 +50,13 @@ from aiomm.adapters._stored import hf_class_name
 from aiomm.adapters._text_ids import TextIds
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
-from aiomm.errors import ProcessingError, ProcessorKwargsError
+from aiomm.errors import (
+    AspectRatioError,
+    EmptyResizeError,
+    ProcessingError,
+    ProcessorKwargsError,
+    TooFewFramesError,
+)
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
@@ -66,7 +72,7 @@ from aiomm.processing.image_ops import (
     resize_chw,
     to_rgb_array,
 )
-from aiomm.processing.processor import BaseMultiModalProcessor
+from aiomm.processing.processor import BaseMultiModalProcessor, image_size
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 from aiomm.video import VideoClip, VideoInfo
 
@@ -99,16 +105,23 @@ SAMPLING_KWARGS = frozenset({"do_sample_frames", "fps", "num_frames", "min_frame
 
 
 def smart_resize(
-    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int
+    height: int,
+    width: int,
+    *,
+    factor: int,
+    min_pixels: int,
+    max_pixels: int,
+    modality: str = "image",
 ) -> tuple[int, int]:
     """The target (height, width) of Qwen-VL's resize, identical to transformers' ``smart_resize``.
+    ``modality`` names the item in an error (a video's frames resize by this rule too).
 
-    :raises ProcessingError: for an aspect ratio above 200.
+    :raises AspectRatioError: for an aspect ratio above 200.
+    :raises EmptyResizeError: a target of zero pixels on a side (``min_pixels`` of 0).
     """
-    if max(height, width) / min(height, width) > 200:
-        raise ProcessingError(
-            f"image of {height}x{width} has an aspect ratio above 200, which Qwen-VL rejects"
-        )
+    ratio = max(height, width) / min(height, width)
+    if ratio > 200:
+        raise AspectRatioError(modality, height, width, ratio=ratio)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
@@ -119,7 +132,17 @@ def smart_resize(
         beta = math.sqrt(min_pixels / (height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return _nonempty(modality, height, width, (h_bar, w_bar))
+
+
+def _nonempty(modality: str, height: int, width: int, target: tuple[int, int]) -> tuple[int, int]:
+    """``target``, checked before a resize to it could fail in torch or Pillow.
+
+    :raises EmptyResizeError: a side of zero pixels.
+    """
+    if min(target) <= 0:
+        raise EmptyResizeError(modality, height, width, target)
+    return target
 
 
 def video_smart_resize(
@@ -131,26 +154,26 @@ def video_smart_resize(
     temporal_factor: int,
     min_pixels: int,
     max_pixels: int,
+    modality: str = "video",
 ) -> tuple[int, int]:
     """The frame size of a video of ``num_frames`` frames, identical to the ``smart_resize`` of
     transformers' Qwen3-VL and GLM-4V video processors: the pixel bounds count every frame, and
-    frames narrower than ``factor`` are first scaled up.
+    frames narrower than ``factor`` are first scaled up. ``modality`` names the item in an error
+    (GLM-V resizes an image by this rule).
 
-    :raises ProcessingError: fewer frames than ``temporal_factor``, or an aspect ratio above 200.
+    :raises TooFewFramesError: fewer frames than ``temporal_factor``.
+    :raises AspectRatioError: an aspect ratio above 200 (after scaling thin frames up).
+    :raises EmptyResizeError: a target of zero pixels on a side (``min_pixels`` of 0).
     """
     if num_frames < temporal_factor:
-        raise ProcessingError(
-            f"a video of {num_frames} sampled frame(s) is shorter than temporal_patch_size "
-            f"{temporal_factor}, which the video processor rejects"
-        )
+        raise TooFewFramesError(num_frames, temporal_factor)
+    source = height, width
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise ProcessingError(
-            f"video frames of {height}x{width} have an aspect ratio above 200, which the video "
-            "processor rejects"
-        )
+    ratio = max(height, width) / min(height, width)
+    if ratio > 200:
+        raise AspectRatioError(modality, *source, ratio=ratio)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(num_frames / temporal_factor) * temporal_factor
@@ -162,7 +185,7 @@ def video_smart_resize(
         beta = math.sqrt(min_pixels / (num_frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return _nonempty(modality, *source, (h_bar, w_bar))
 
 
 def grid_outputs(transformed: list[tuple[torch.Tensor, list[int]]]) -> dict[str, Any]:
@@ -448,11 +471,6 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
 
     # kwargs ---------------------------------------------------------------------------------
 
-    def max_kept_pixels(self) -> int | None:
-        """``size.longest_edge``: smart_resize keeps at most that many pixels."""
-        _, longest = size_edges(self.hf_processor.image_processor.size)
-        return None if longest is None else int(longest)
-
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
         return _pixel_bounded_params(self.image_processor, hf_kwargs, "Qwen-VL")
 
@@ -515,7 +533,25 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             kwargs.pop("min_pixels", None)
             kwargs.pop("max_pixels", None)
             kwargs["size"] = {"shortest_edge": params.min_pixels, "longest_edge": params.max_pixels}
+        if self.transform == "hf":
+            self._check_items(hf_data, kwargs)
         return hf_data, kwargs, passthrough
+
+    def _check_items(self, hf_data: Mapping[str, Any], hf_kwargs: Mapping[str, Any]) -> None:
+        """Refuse, typed, what the HF processor would refuse with a ValueError, before it is
+        called (the native transform refuses as it computes each item's size).
+
+        :raises ItemRejectedError: an item the image or video processor refuses.
+        """
+        if hf_data.get("images"):
+            params = self._resolve_params(hf_kwargs)
+            for image in hf_data["images"]:
+                self.target_size(*image_size(image), params)
+        if hf_data.get("videos"):
+            params = self._resolve_video_params(hf_kwargs)
+            cap = bool(hf_kwargs.get("cap_pixels_per_frame"))
+            for frames in hf_data["videos"]:
+                self.video_frame_size(*frames.shape[:3], params, cap)
 
     # the transform --------------------------------------------------------------------------
 
@@ -589,7 +625,8 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
         """The size the frames of a video of ``t`` sampled ``height x width`` frames take, as
         the video processor's ``resize`` (``cap``: qwen-vl-utils' ``cap_pixels_per_frame``).
 
-        :raises ProcessingError: a video the video processor rejects.
+        :raises ItemRejectedError: a video the video processor rejects (``TooFewFramesError``,
+            ``AspectRatioError``, ``EmptyResizeError``).
         """
         if not params.do_resize:
             return height, width
@@ -609,8 +646,9 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             total = int(self.video_processor.max_video_tokens * factor * factor * 0.9)
             max_pixels = max(min(max_pixels, total * tps // t), int(params.min_pixels * 1.05))
         return smart_resize(
-            height, width, factor=factor, min_pixels=params.min_pixels, max_pixels=max_pixels
-        )
+            height, width, factor=factor, min_pixels=params.min_pixels, max_pixels=max_pixels,
+            modality="video",
+        )  # fmt: skip
 
     def transform_video(
         self, clip: VideoClip, params: _TransformParams, cap_pixels_per_frame: bool = False

@@ -8,11 +8,13 @@ import importlib as _importlib
 import typing as _typing
 
 from .errors import AiommError as AiommError
+from .errors import AspectRatioError as AspectRatioError
 from .errors import BlockedAddressError as BlockedAddressError
 from .errors import CacheValueError as CacheValueError
 from .errors import ConfigError as ConfigError
 from .errors import DecodeError as DecodeError
 from .errors import DownloadTooLargeError as DownloadTooLargeError
+from .errors import EmptyResizeError as EmptyResizeError
 from .errors import EmptyVideoError as EmptyVideoError
 from .errors import EngineClosedError as EngineClosedError
 from .errors import FetchError as FetchError
@@ -22,6 +24,7 @@ from .errors import ImageTooLargeError as ImageTooLargeError
 from .errors import InvalidRequestError as InvalidRequestError
 from .errors import InvalidSourceError as InvalidSourceError
 from .errors import ItemCountMismatchError as ItemCountMismatchError
+from .errors import ItemRejectedError as ItemRejectedError
 from .errors import KernelInputError as KernelInputError
 from .errors import LayoutError as LayoutError
 from .errors import MediaError as MediaError
@@ -32,6 +35,7 @@ from .errors import PixelValueRoundingError as PixelValueRoundingError
 from .errors import ProcessingError as ProcessingError
 from .errors import ProcessorKwargsError as ProcessorKwargsError
 from .errors import PromptUpdateError as PromptUpdateError
+from .errors import TooFewFramesError as TooFewFramesError
 from .errors import TooManyRedirectsError as TooManyRedirectsError
 from .errors import UnknownArchitectureError as UnknownArchitectureError
 from .errors import UnknownModalityError as UnknownModalityError
@@ -73,6 +77,7 @@ _LAZY = {
 
 __all__ = (
     "AiommError",
+    "AspectRatioError",
     "BlockedAddressError",
     "CacheOutcome",
     "CacheValueError",
@@ -80,6 +85,7 @@ __all__ = (
     "DecodeConfig",
     "DecodeError",
     "DownloadTooLargeError",
+    "EmptyResizeError",
     "EmptyVideoError",
     "Engine",
     "EngineClosedError",
@@ -93,6 +99,7 @@ __all__ = (
     "InvalidRequestError",
     "InvalidSourceError",
     "ItemCountMismatchError",
+    "ItemRejectedError",
     "KernelInputError",
     "LayoutError",
     "MediaError",
@@ -109,6 +116,7 @@ __all__ = (
     "Result",
     "ResultStream",
     "SharedCacheConfig",
+    "TooFewFramesError",
     "TooManyRedirectsError",
     "UnknownArchitectureError",
     "UnknownModalityError",

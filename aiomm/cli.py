@@ -85,6 +85,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--upstream", help="URL of `vllm serve --tokens-only` (gateway mode)")
+    serve.add_argument(
+        "--api-key",
+        nargs="+",
+        metavar="KEY",
+        help="require `Authorization: Bearer KEY` (any of the keys) on /v1, /v2, /inference and "
+        "/cohere, as vLLM's --api-key does (a 401 otherwise; /health, /ready, /metrics and "
+        "/tokenize stay open); default: the VLLM_API_KEY environment variable (one key), which "
+        "keeps the key off the command line and out of ps; give the model before this flag",
+    )
+    serve.add_argument(
+        "--upstream-api-key",
+        metavar="KEY",
+        help="the upstream engine's own --api-key, sent as `Authorization: Bearer KEY` on "
+        "gateway requests (a client's key is never forwarded); default: the "
+        "AIOMM_UPSTREAM_API_KEY environment variable",
+    )
     serve.add_argument("--workers", type=int, default=1, help="server processes")
     serve.add_argument(
         "--transform-threads",
@@ -172,6 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
     """``aiomm serve``: needs the ``serve`` extra."""
     try:
         from aiomm.server import ServerConfig
+        from aiomm.server.auth import api_keys, upstream_api_key
         from aiomm.server.render import RenderLimits
         from aiomm.server.serve import serve
         from aiomm.server.workers import ListenError
@@ -217,6 +234,8 @@ def _serve(args: argparse.Namespace) -> int:
         busy_transform_threads=args.busy_transform_threads,
         cache_bytes=None if args.cache_gb is None else int(args.cache_gb * 2**30),
         cache_pretouch=args.cache_pretouch,
+        api_keys=api_keys(args.api_key),
+        upstream_api_key=upstream_api_key(args.upstream_api_key),
     )
     try:
         return serve(

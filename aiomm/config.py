@@ -19,8 +19,6 @@ from aiomm.errors import ConfigError
 __all__ = (
     "DEFAULT_FORMATS",
     "DEFAULT_MAX_PIXELS",
-    "MAX_PIXELS_SAFETY_FACTOR",
-    "MIN_DERIVED_MAX_PIXELS",
     "DecodeConfig",
     "EngineConfig",
     "FetchConfig",
@@ -37,13 +35,11 @@ TransformMode = Literal["auto", "hf", "native"]
 Fidelity = Literal["exact", "fast"]
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-#: 64 Mi pixels, e.g. 8192 x 8192: a 192 MiB RGB array. The ceiling of the engine's derived
-#: limit, and the limit of the decode functions used on their own.
-DEFAULT_MAX_PIXELS = 64 * 2**20
-#: The engine's derived limit never refuses less than this (24 Mi pixels: a 24-megapixel photo).
-MIN_DERIVED_MAX_PIXELS = 24 * 2**20
-#: The engine's limit is this many times the pixels the adapter's transform keeps at most.
-MAX_PIXELS_SAFETY_FACTOR = 2
+#: Pillow's decompression-bomb limit (``2 * PIL.Image.MAX_IMAGE_PIXELS``, 178,956,970 pixels),
+#: which is also vLLM's ``VLLM_MAX_IMAGE_PIXELS`` default: any photo vLLM takes is taken. Memory
+#: is bounded by ``EngineConfig.max_decoded_bytes_in_flight`` and ``max_pixels_per_byte``, not by
+#: refusing large photos (the processors scale them down).
+DEFAULT_MAX_PIXELS = 178_956_970
 #: Pillow formats decoded by default; a name whose plugin is not installed is skipped.
 DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF", "HEIF")
 
@@ -166,11 +162,8 @@ class DecodeConfig:
     """
 
     #: largest ``width * height`` decoded; larger images raise ImageTooLargeError unread.
-    #: None: the engine derives it from its adapter: :data:`MAX_PIXELS_SAFETY_FACTOR` times the
-    #: pixels the adapter's transform keeps at most (larger sources are only scaled down), within
-    #: [:data:`MIN_DERIVED_MAX_PIXELS`, :data:`DEFAULT_MAX_PIXELS`]; without an engine,
-    #: :data:`DEFAULT_MAX_PIXELS`. Pillow itself refuses images above
-    #: ``2 * PIL.Image.MAX_IMAGE_PIXELS`` (about 179 Mi pixels) unless the application raises it.
+    #: None: :data:`DEFAULT_MAX_PIXELS`, Pillow's own bomb limit and vLLM's default (a lower
+    #: limit suits a deployment that wants to refuse large photos rather than downsize them)
     max_pixels: int | None = None
     #: Pillow formats opened (``PIL.Image.open``'s ``formats``); every other plugin is off, so
     #: e.g. EPS (which runs Ghostscript) is never reached. Names without a plugin are skipped.
@@ -197,15 +190,9 @@ class DecodeConfig:
     #: also bounded by ``EngineConfig.max_decoded_bytes_in_flight`` while being decoded
     max_video_bytes: int = 1 << 30
 
-    def resolved_max_pixels(self, adapter_pixels: int | None = None) -> int:
-        """``max_pixels``, or when None the limit derived from ``adapter_pixels`` (the most
-        pixels the adapter's transform keeps; None: unknown, :data:`DEFAULT_MAX_PIXELS`)."""
-        if self.max_pixels is not None:
-            return self.max_pixels
-        if adapter_pixels is None:
-            return DEFAULT_MAX_PIXELS
-        derived = adapter_pixels * MAX_PIXELS_SAFETY_FACTOR
-        return max(MIN_DERIVED_MAX_PIXELS, min(DEFAULT_MAX_PIXELS, derived))
+    def resolved_max_pixels(self) -> int:
+        """``max_pixels``, or :data:`DEFAULT_MAX_PIXELS` when None."""
+        return DEFAULT_MAX_PIXELS if self.max_pixels is None else self.max_pixels
 
     def __post_init__(self) -> None:
         _check_int(self, "max_pixels", minimum=1, optional=True)

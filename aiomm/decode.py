@@ -403,6 +403,10 @@ class _Source(io.BytesIO):
         # an instance attribute shadows the method: Pillow's load looks ``fp.read`` up each time
         self.read = read  # type: ignore[method-assign]
 
+    def stop_tracking(self) -> None:
+        """Reads from here on use BytesIO's own ``read`` again (a dry one is not a truncation)."""
+        self.__dict__.pop("read", None)
+
 
 def _open(
     data: bytes, max_pixels: int, formats: tuple[str, ...], max_pixels_per_byte: int | None
@@ -467,6 +471,16 @@ def _load(image: PIL.Image.Image) -> None:
     source = getattr(image, "fp", None)
     if isinstance(source, _Source):
         source.track()
+        # What Pillow reads after the pixels (a PNG's chunks after its image data: the last
+        # CRC and IEND) may be cut off, as Pillow's own load accepts: only a read that ran
+        # dry while rows were still being decoded is a truncation.
+        load_end = image.load_end
+
+        def rows_done_then_load_end() -> None:
+            source.stop_tracking()
+            load_end()
+
+        image.load_end = rows_done_then_load_end  # type: ignore[method-assign]
         if image.format in _MAPPED_FORMATS:
             # Pillow feeds the decoder 64 KiB at a time, and each call lets go of the GIL, which
             # the worker must then win back (behind the event loop and the other workers):
@@ -481,9 +495,13 @@ def _load(image: PIL.Image.Image) -> None:
             f"cannot decode {_format(image)} ({image.width}x{image.height}, mode {image.mode}): "
             f"{_describe(exc)}"
         ) from exc
+    finally:
+        # the wrapper holds the image: a cycle, and the encoded bytes would wait for the GC
+        image.__dict__.pop("load_end", None)
     # With ImageFile.LOAD_TRUNCATED_IMAGES on (a process-wide switch any library may flip),
-    # Pillow fills a truncated file's missing rows instead of raising; a complete image never
-    # reads past the end of its bytes, so running dry is the truncation, whatever the switch.
+    # Pillow fills a truncated file's missing rows instead of raising; an image whose rows are
+    # all there never reads past the end of its bytes while decoding them, so running dry then
+    # is the truncation, whatever the switch.
     if isinstance(source, _Source) and source.ran_dry:
         raise DecodeError(
             f"cannot decode {_format(image)} ({image.width}x{image.height}, mode {image.mode}): "

@@ -134,8 +134,8 @@ class Engine:
         )
         self._normalize_mode = "device" if processor.device_normalize else "cpu"
         self._given_fetcher = fetcher
-        #: the decode limit in force: ``decode.max_pixels``, or derived from the adapter
-        self.max_pixels = cfg.decode.resolved_max_pixels(self.processor.max_kept_pixels())
+        #: the decode limit in force (``decode.max_pixels``, else Pillow's bomb limit)
+        self.max_pixels = cfg.decode.resolved_max_pixels()
         self._decoder: Decoder = decoder or PillowDecoder(cfg.decode, max_pixels=self.max_pixels)
         #: the decode fidelity in force: ``fast`` needs the Pillow decoder itself (a subclass may
         #: convert differently) and a native transform

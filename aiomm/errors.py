@@ -18,7 +18,11 @@ and never embed payloads. Any error may carry the ``request_id`` and ``item_inde
     │   ├── PromptUpdateError                      a prompt update cannot be applied or found
     │   ├── ProcessorKwargsError                   processor kwargs the processor rejects
     │   ├── PixelValueRoundingError                uint8 output would not be exact
-    │   └── CacheValueError                        an item the shared cache cannot (de)serialise
+    │   ├── CacheValueError                        an item the shared cache cannot (de)serialise
+    │   └── ItemRejectedError                      the model's processor refuses this item
+    │       ├── AspectRatioError                   an image or video too elongated for it
+    │       ├── EmptyResizeError                   its resize would leave a side of no pixels
+    │       └── TooFewFramesError                  a video shorter than one temporal patch
     ├── UnknownArchitectureError (KeyError)        no adapter for that architecture name
     ├── MediaError (ValueError)                    an item could not be loaded
     │   ├── FetchError                             could not obtain the encoded bytes
@@ -47,11 +51,13 @@ from aiomm.redaction import redact
 
 __all__ = (
     "AiommError",
+    "AspectRatioError",
     "BlockedAddressError",
     "CacheValueError",
     "ConfigError",
     "DecodeError",
     "DownloadTooLargeError",
+    "EmptyResizeError",
     "EmptyVideoError",
     "EngineClosedError",
     "FetchError",
@@ -61,6 +67,7 @@ __all__ = (
     "InvalidRequestError",
     "InvalidSourceError",
     "ItemCountMismatchError",
+    "ItemRejectedError",
     "KernelInputError",
     "LayoutError",
     "MediaError",
@@ -71,6 +78,7 @@ __all__ = (
     "ProcessingError",
     "ProcessorKwargsError",
     "PromptUpdateError",
+    "TooFewFramesError",
     "TooManyRedirectsError",
     "UnknownArchitectureError",
     "UnknownModalityError",
@@ -221,6 +229,73 @@ class PixelValueRoundingError(ProcessingError):
 class CacheValueError(ProcessingError):
     """Raised when an item cannot be serialised for the shared cache, or a stored value cannot
     be read back (corrupt, truncated, another format); the shared cache treats it as a miss."""
+
+
+class ItemRejectedError(ProcessingError):
+    """Raised when the model's processor refuses an item for what it is (its shape or length),
+    as the HF processor would: the client's item, not a fault of the server. ``modality``
+    (``"image"`` or ``"video"``) and the leaf's fields say what was wrong; the engine attaches
+    the item's ``item_index``. Checked before any library call could fail on the item."""
+
+    def __init__(self, modality: str, reason: str) -> None:
+        self.modality = modality
+        self.reason = reason
+        super().__init__(f"the model's processor refuses this {modality}: {reason}")
+
+
+def _sized(modality: str, height: int, width: int) -> str:
+    if modality == "video":
+        return f"video of {height}x{width} frames"
+    return f"{height}x{width} {modality}"
+
+
+class AspectRatioError(ItemRejectedError):
+    """Raised when an image (or a video's frames) is more elongated than the processor takes:
+    its longer side over its shorter above ``limit`` (Qwen-VL and GLM-V: 200, GLM-V measuring
+    after scaling a thin image up to one patch). ``height`` and ``width`` are the item's."""
+
+    def __init__(
+        self, modality: str, height: int, width: int, *, ratio: float, limit: float = 200
+    ) -> None:
+        self.height = height
+        self.width = width
+        self.ratio = ratio
+        self.limit = limit
+        super().__init__(
+            modality,
+            f"a {_sized(modality, height, width)} (height x width) has an aspect ratio of "
+            f"{ratio:.4g}, above the limit of {limit:g}",
+        )
+
+
+class EmptyResizeError(ItemRejectedError):
+    """Raised when the processor's resize would leave an image (or a video's frames) a side of
+    zero pixels, e.g. Pixtral (Mistral 3) scaling a thin image down to fit ``longest_edge``;
+    ``target`` is that ``(height, width)``."""
+
+    def __init__(self, modality: str, height: int, width: int, target: tuple[int, int]) -> None:
+        self.height = height
+        self.width = width
+        self.target = target
+        super().__init__(
+            modality,
+            f"a {_sized(modality, height, width)} (height x width) would be resized to "
+            f"{target[0]}x{target[1]}, a side of no pixels",
+        )
+
+
+class TooFewFramesError(ItemRejectedError):
+    """Raised when a video has fewer (sampled) frames than the processor takes: one temporal
+    patch (``temporal_patch_size`` frames) at least."""
+
+    def __init__(self, frames: int, minimum: int) -> None:
+        self.frames = frames
+        self.minimum = minimum
+        super().__init__(
+            "video",
+            f"a video of {frames} sampled frame(s) is shorter than temporal_patch_size "
+            f"{minimum}, the fewest frames it takes",
+        )
 
 
 class UnknownArchitectureError(AiommError, KeyError):

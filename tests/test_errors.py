@@ -12,12 +12,17 @@ import aiomm
 from aiomm import errors
 from aiomm.errors import (
     AiommError,
+    AspectRatioError,
     ConfigError,
+    EmptyResizeError,
     FetchError,
     HTTPStatusError,
     InvalidRequestError,
     ItemCountMismatchError,
+    ItemRejectedError,
     MediaError,
+    ProcessingError,
+    TooFewFramesError,
     UnknownArchitectureError,
     UnknownModalityError,
 )
@@ -115,6 +120,9 @@ def test_http_status_error_is_built_from_fields() -> None:
         UnknownModalityError("audio", ["image"]),
         ItemCountMismatchError("image", 1, 2),
         UnknownArchitectureError("Foo", ["Bar"]),
+        AspectRatioError("image", 8, 2000, ratio=250.0),
+        EmptyResizeError("image", 1, 2500, (0, 1540)),
+        TooFewFramesError(1, 2),
     ],
     ids=lambda e: type(e).__name__,
 )
@@ -125,6 +133,30 @@ def test_errors_pickle_with_their_fields_and_context(err: AiommError) -> None:
     assert type(copy) is type(err)
     assert str(copy) == str(err) and copy.args == err.args
     assert vars(copy) == vars(err)
+
+
+def test_refused_items_name_what_was_wrong() -> None:
+    """The processor's refusals of an item: processing errors whose fields and message say
+    which kind of item and what about it (the engine adds which item)."""
+    thin = AspectRatioError("video", 4, 840, ratio=210.0).with_context(item_index=1)
+    assert (thin.modality, thin.height, thin.width, thin.ratio, thin.limit) == (
+        "video", 4, 840, 210.0, 200,
+    )  # fmt: skip
+    assert str(thin) == (
+        "the model's processor refuses this video: a video of 4x840 frames (height x width) "
+        "has an aspect ratio of 210, above the limit of 200 [item_index=1]"
+    )
+    empty = EmptyResizeError("image", 1, 2500, (0, 1540))
+    assert empty.message == (
+        "the model's processor refuses this image: a 1x2500 image (height x width) would be "
+        "resized to 0x1540, a side of no pixels"
+    )
+    short = TooFewFramesError(1, 2)
+    assert (short.modality, short.frames, short.minimum) == ("video", 1, 2)
+    assert "a video of 1 sampled frame(s) is shorter than temporal_patch_size 2" in str(short)
+    for err in (thin, empty, short):
+        assert isinstance(err, ItemRejectedError) and isinstance(err, ProcessingError)
+        assert isinstance(err, ValueError)
 
 
 def test_bad_request_raises_invalid_request_error() -> None:

@@ -240,7 +240,7 @@ class ImagePreprocessor:
         error)."""
         import orjson
 
-        from aiomm.server.render import generate_request_features, vllm_mm_hash
+        from aiomm.server.render import WireForm, generate_request_features, vllm_mm_hash
 
         images = _images(columns[self.image_column][i])
         if not all(isinstance(x, (bytes, bytearray)) for x in images):
@@ -253,7 +253,10 @@ class ImagePreprocessor:
             hashes = [vllm_mm_hash(bytes(x), self.vllm_model_id) for x in images]
         except AiommError as exc:
             return exc, None
-        return result, orjson.dumps(generate_request_features(result, hashes)).decode()
+        features = generate_request_features(
+            result, hashes, wire=WireForm.of(self.engine.processor)
+        )
+        return result, orjson.dumps(features).decode()
 
     def _check_columns(self, columns: Mapping[str, Any]) -> None:
         missing = [c for c in (self.image_column, *self.keep_columns) if c not in columns]

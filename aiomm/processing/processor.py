@@ -183,12 +183,6 @@ class BaseMultiModalProcessor:
 
         return AutoProcessor.from_pretrained(path, local_files_only=True, **kwargs)
 
-    def max_kept_pixels(self) -> int | None:
-        """The most pixels an image keeps through this adapter's transform at its default
-        settings (a larger source is only scaled down); None when unknown or unbounded. The
-        engine derives its default ``DecodeConfig.max_pixels`` from it."""
-        return None
-
     def resize_target(
         self, height: int, width: int, hf_kwargs: Mapping[str, Any]
     ) -> tuple[int, int] | None:
@@ -198,7 +192,7 @@ class BaseMultiModalProcessor:
         :class:`~aiomm.processing.image_ops.ReducedImage` resizes to the
         target of its source size: ``DecodeConfig(fidelity="fast")`` needs both.
 
-        :raises ProcessingError: the adapter rejects an image of that size.
+        :raises ItemRejectedError: the adapter rejects an image of that size.
         """
         return None
 

@@ -1,5 +1,13 @@
 """The ASGI application of ``aiomm serve``: vLLM's render API, OpenAI gateway routes, health,
-models, tokenize and Prometheus metrics (Starlette).
+readiness, models, tokenize and Prometheus metrics (Starlette).
+
+With :attr:`ServerConfig.api_keys` the paths vLLM guards with ``--api-key`` (``/v1``, ``/v2``,
+``/inference``, ``/cohere``) answer vLLM's 401 ``{"error":"Unauthorized"}`` without one of the
+keys as a Bearer token (:mod:`.auth`); ``/health``, ``/ready``, ``/metrics`` and ``/tokenize``
+stay open, as vLLM leaves them. ``/health`` is liveness, as vLLM's; ``/ready`` (and ``/readyz``)
+answers 200 only while the upstream engine (gateway mode) answers, else 503 naming it; a shared
+Redis cache that does not answer is named under ``degraded`` (the engine computes locally
+meanwhile) without making the server unready (:mod:`.readiness`).
 
 :func:`create_app` builds it for a model folder; mount it in an existing ASGI gateway with
 ``Mount("/render", app=create_app(...))`` (its lifespan opens the engine, so the parent must run
@@ -21,6 +29,7 @@ from typing import Any
 import anyio
 import orjson
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -32,6 +41,7 @@ from aiomm.engine import Engine
 from aiomm.fetch import MediaFetcher
 from aiomm.logging import get_logger
 
+from .auth import ApiKeyMiddleware
 from .content import Parsed, parse_anthropic, parse_chat, parse_responses
 from .data_urls import attach, lift_data_urls
 from .disconnect import until_disconnect
@@ -40,6 +50,7 @@ from .gateway import Upstream, refuse_unanswerable
 from .json_chunks import ChunkedJSONResponse, dumps_chunks
 from .media import VllmDecoder
 from .metrics import ServerMetrics
+from .readiness import Check, Readiness, ReadinessReport, redis_check
 from .render import RenderLimits, RenderService, model_float_dtype
 from .request_fields import own_fields
 from .request_values import flag
@@ -102,6 +113,18 @@ class ServerConfig:
     encode_on_send: bool | None = None
     #: the engine's configuration (its ``fetch`` is the URL policy; ``return_items`` is forced)
     engine: EngineConfig | None = None
+    #: keys a client must send as ``Authorization: Bearer KEY`` on the paths vLLM guards
+    #: (``/v1``, ``/v2``, ``/inference``, ``/cohere``; :mod:`.auth`), any one of them; empty: no
+    #: key. ``aiomm serve`` takes them from ``--api-key`` or ``VLLM_API_KEY``, as vLLM does;
+    #: this field reads no environment. Left out of the repr
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    #: the upstream engine's own key (its ``--api-key``), sent as ``Authorization: Bearer`` on
+    #: every gateway request to it; never one of ``api_keys`` a client sent. Left out of the repr
+    upstream_api_key: str | None = field(default=None, repr=False)
+    #: ``/ready``: how long each dependency check (the upstream's ``/health``, a Redis ``PING``)
+    #: may take, and how long its report is reused by the probes that follow (:mod:`.readiness`)
+    ready_timeout_s: float = 0.5
+    ready_cache_s: float = 1.0
 
 
 #: :attr:`ServerConfig.encode_on_send` is on by default up to this many cores per process
@@ -132,6 +155,7 @@ class _State:
     upstream: Upstream | None
     metrics: ServerMetrics
     engine: Engine
+    readiness: Readiness
 
 
 def model_folder(model: str) -> Path:
@@ -208,13 +232,35 @@ async def open_state(config: ServerConfig) -> AsyncIterator[_State]:
         )
         stack.push_async_callback(state.service.aclose)
         state.upstream = (
-            Upstream(config.upstream, tokenizer, state.service.encode_pool)
+            Upstream(
+                config.upstream,
+                tokenizer,
+                state.service.encode_pool,
+                api_key=config.upstream_api_key,
+            )
             if config.upstream
             else None
         )
+        checks: dict[str, Check] = {}
         if state.upstream is not None:
             stack.push_async_callback(state.upstream.aclose)
-        log.info("server_open", model=config.model, upstream=config.upstream)
+            checks["upstream"] = state.upstream.check_health
+        if engine_cfg.shared_cache_url:
+            ping, close = redis_check(engine_cfg.shared_cache_url, config.ready_timeout_s)
+            stack.push_async_callback(close)
+            checks["shared_cache"] = ping
+        state.readiness = Readiness(
+            checks,
+            optional=frozenset({"shared_cache"}),  # without it the engine computes locally
+            timeout_s=config.ready_timeout_s,
+            cache_s=config.ready_cache_s,
+        )
+        log.info(
+            "server_open",
+            model=config.model,
+            upstream=config.upstream,
+            api_key=bool(config.api_keys),
+        )
         yield state
 
 
@@ -488,7 +534,18 @@ def create_app(config: ServerConfig) -> Starlette:
         )
 
     async def health(request: Request) -> Response:
+        """Liveness, as vLLM's render server answers it: 200 once started, no body."""
         return Response(status_code=200 if "state" in holder else 503)
+
+    async def ready(request: Request) -> Response:
+        """Readiness (:mod:`.readiness`): 200 when every required dependency answers, else 503
+        naming the ones that do not."""
+        s = holder.get("state")
+        if s is None:
+            report = ReadinessReport({"server": "starting or stopping"})
+        else:
+            report = await s.readiness.report()
+        return _json(report.body(), 200 if report.ready else 503)
 
     async def metrics(request: Request) -> Response:
         s = holder.get("state")
@@ -512,9 +569,12 @@ def create_app(config: ServerConfig) -> Starlette:
         post("/v1/completions", "completions", completions),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/readyz", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(ApiKeyMiddleware, keys=config.api_keys)] if config.api_keys else []
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 
 def _header_id(request: Request) -> str | None:

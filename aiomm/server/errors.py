@@ -11,6 +11,7 @@ from aiomm.errors import (
     ImageTooLargeError,
     InvalidRequestError,
     ItemCountMismatchError,
+    ItemRejectedError,
     MediaError,
     OverloadedError,
 )
@@ -56,6 +57,9 @@ def from_aiomm_error(exc: AiommError) -> ApiError:
     if isinstance(exc, ImageTooLargeError):
         return ApiError(f"{name}: {exc}", status=400, param="image_url")
     if isinstance(exc, (MediaError, InvalidRequestError)):
+        return ApiError(f"{name}: {exc}", status=400)
+    if isinstance(exc, ItemRejectedError):
+        # the model's processor refuses the client's item (vLLM: a 400 naming no parameter)
         return ApiError(f"{name}: {exc}", status=400)
     if isinstance(exc, ItemCountMismatchError):
         # the prompt's placeholders are the client's text (an image token typed in a message)

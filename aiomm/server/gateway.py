@@ -24,6 +24,7 @@ from aiomm.worker_pool import WorkerPool
 
 from .errors import ApiError
 from .json_chunks import dumps as dumps_json
+from .readiness import DependencyDown
 from .request_values import flag
 
 __all__ = ("IncrementalText", "Upstream", "refuse_unanswerable")
@@ -112,13 +113,26 @@ class IncrementalText:
             return self.stream.step(self.backend, token_id)
 
 
+def _client_status(upstream: int) -> int:
+    """The status a client gets for the upstream's error ``upstream``: 502 for the upstream's
+    own failures and for its refusal of the gateway's key (401 / 403: the gateway's
+    ``--upstream-api-key`` is wrong, not the client's key), else the upstream's 4xx."""
+    return 502 if upstream >= 500 or upstream in (401, 403) else upstream
+
+
 #: how ``tokenizers``' DecodeStream reports a prefix it can no longer extend
 _INVALID_PREFIX = "Invalid prefix encountered"
 
 
 class Upstream:
     """An HTTP client for one upstream engine. ``pool``: the threads that join a request's
-    body (its items' base64, megabytes per image, may be made as it is joined)."""
+    body (its items' base64, megabytes per image, may be made as it is joined).
+
+    ``api_key``: the upstream's own key (its ``--api-key``), sent as ``Authorization: Bearer``
+    on every request to it; a client's key is never forwarded. :meth:`check_health` probes the
+    upstream's ``/health`` over a connection of its own, so a full pool of long generations does
+    not make the probe wait.
+    """
 
     def __init__(
         self,
@@ -127,16 +141,34 @@ class Upstream:
         pool: WorkerPool,
         *,
         timeout_s: float = 600.0,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.tokenizer = tokenizer
         self.pool = pool
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
         self.client = httpx.AsyncClient(
-            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0)
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0), headers=headers
+        )
+        self.probe_client = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, limits=httpx.Limits(max_connections=1)
         )
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.probe_client.aclose()
+
+    async def check_health(self) -> None:
+        """Return when the upstream's ``/health`` answers 200 (the caller bounds the wait).
+
+        :raises DependencyDown: it answered another status, or could not be reached.
+        """
+        try:
+            resp = await self.probe_client.get("/health", timeout=None)
+        except httpx.HTTPError as exc:
+            raise DependencyDown(f"unreachable ({type(exc).__name__})") from exc
+        if resp.status_code != 200:
+            raise DependencyDown(f"/health answered {resp.status_code}")
 
     async def _body(self, gen: dict[str, Any]) -> bytes:
         """``gen`` as one JSON body, joined in a worker thread."""
@@ -171,7 +203,7 @@ class Upstream:
         if resp.status_code != 200:
             raise ApiError(
                 f"upstream answered {resp.status_code}: {resp.text[:300]}",
-                status=502 if resp.status_code >= 500 else resp.status_code,
+                status=_client_status(resp.status_code),
             )
         try:
             out = orjson.loads(resp.content)

@@ -69,6 +69,7 @@ __all__ = (
     "RenderLimits",
     "RenderService",
     "Rendered",
+    "WireForm",
     "generate_request",
     "generate_request_features",
     "model_float_dtype",
@@ -116,6 +117,39 @@ class RenderLimits:
     max_video_bytes: int = 64 << 20
 
 
+#: keys an HF processor returns that vLLM's processor for it drops (absent from its fields
+#: config), by HF processor class: Mistral 3's items carry only ``pixel_values``
+_DROPPED_KEYS: dict[str, frozenset[str]] = {"PixtralProcessor": frozenset({"image_sizes"})}
+
+
+@dataclass(frozen=True)
+class WireForm:
+    """How vLLM 0.33's render server writes a model's items, which its multimodal processor
+    decides (:meth:`of` a processor)."""
+
+    #: each video item's flat fields describe only its own rows: vLLM's Qwen3-VL processes the
+    #: videos one at a time (images are always processed in one call, so an image item's
+    #: slices describe the request's whole image batch)
+    per_video_slices: bool = False
+    #: an item's prompt timestamps are sent as its ``timestamps`` field (Qwen3-VL's video items;
+    #: GLM-4V's keep them in the prompt only)
+    timestamps_field: bool = True
+    #: keys the HF processor returns that vLLM's drops (:data:`_DROPPED_KEYS`)
+    dropped_keys: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, processor: Any) -> WireForm:
+        """The wire form of ``processor``'s items (an aiomm adapter)."""
+        loader = video_loader(hf_class_name(getattr(processor, "video_processor", None)))
+        qwen3 = loader == "qwen3_vl"
+        dropped = _DROPPED_KEYS.get(hf_class_name(getattr(processor, "hf_processor", None)))
+        return cls(
+            per_video_slices=qwen3,
+            timestamps_field=qwen3 or loader is None,
+            dropped_keys=dropped or frozenset(),
+        )
+
+
 @dataclass
 class Rendered:
     """One rendered request: the response object and what metrics count."""
@@ -155,10 +189,8 @@ class RenderService:
         loader = video_loader(hf_class_name(video_processor))
         #: whether vLLM's video loader for this model is one aiomm reproduces
         self.takes_videos = loader is not None
-        #: vLLM's Qwen3-VL items carry their own flat slices, not the request's (encode_items)
-        self.per_item_slices = loader == "qwen3_vl"
-        #: vLLM's Qwen3-VL video items carry their prompt's timestamps (GLM-4V's do not)
-        self.timestamps_field = loader == "qwen3_vl"
+        #: how vLLM writes this model's items (encode_items)
+        self.wire = WireForm.of(engine.processor)
         self.video_loader = loader or "qwen2_vl"
         #: GLM-4V: vLLM's prompt update replaces ``<|begin_of_video|><|video|><|end_of_video|>``,
         #: so its video ranges cover both delimiters (the engine's cover the expansion between)
@@ -535,19 +567,14 @@ class RenderService:
                     functools.partial(
                         encode_items,
                         result.items,
+                        self.wire,
                         float_dtype=self.float_dtype,
-                        per_item_slices=self.per_item_slices,
-                        timestamps_field=self.timestamps_field,
                         lazy=self.encode_on_send,
                     )
                 )
             except AiommError as exc:  # the pool closed: the server is stopping (503)
                 raise from_aiomm_error(exc) from exc
-            feats["kwargs_data"], feats["mm_metadata"] = {}, {}
-            for modality in feats["mm_hashes"]:
-                picked = [i for i, item in enumerate(result.items) if item.modality == modality]
-                feats["kwargs_data"][modality] = [kwargs_data[i] for i in picked]
-                feats["mm_metadata"][modality] = [metadata[i] for i in picked]
+            _place_payload(feats, result.items, kwargs_data, metadata)
         return feats, result.prompt_token_ids, hits, result.timings
 
 
@@ -815,20 +842,15 @@ def generate_request_features(
     result: Result,
     hashes: Sequence[str] | Mapping[str, Sequence[str]],
     *,
+    wire: WireForm | None = None,
     tensors: bool = True,
     float_dtype: torch.dtype | None = None,
-    video_loader: str | None = None,
 ) -> dict[str, Any]:
     """vLLM's ``GenerateRequest.features`` of an engine result made with
     ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes (:func:`vllm_mm_hash`
     or the client's; a sequence for images, or a mapping per modality), ``tensors=False`` leaves
-    the payload out, ``float_dtype`` as :func:`encode_items`. JSON-ready (plain strings).
-
-    ``video_loader``: the model's vLLM video loader
-    (:func:`aiomm.server.video_media.video_loader` of its video processor's class name), which
-    decides the items' wire form as the render server does: only Qwen3-VL's (``"qwen3_vl"``)
-    video items carry a ``timestamps`` field and their own flat slices (GLM's keep their
-    timestamps in the prompt only); None: a ``timestamps`` field on every item that has them."""
+    the payload out, ``wire`` and ``float_dtype`` as :func:`encode_items` (``wire``: the
+    model's, :meth:`WireForm.of` its processor). JSON-ready (plain strings)."""
     per_modality = {"image": hashes} if not isinstance(hashes, Mapping) else hashes
     per_modality = {m: list(h) for m, h in per_modality.items() if h}
     features: dict[str, Any] = {
@@ -841,19 +863,34 @@ def generate_request_features(
         "mm_metadata": None,
     }
     if tensors:
-        qwen3 = video_loader == "qwen3_vl"
         kwargs_data, metadata = encode_items(
-            result.items,
-            float_dtype=float_dtype,
-            per_item_slices=qwen3,
-            timestamps_field=qwen3 or video_loader is None,
+            result.items, wire or WireForm(), float_dtype=float_dtype
         )
-        features["kwargs_data"], features["mm_metadata"] = {}, {}
-        for m in per_modality:
-            picked = [i for i, item in enumerate(result.items) if item.modality == m]
-            features["kwargs_data"][m] = [str(kwargs_data[i]) for i in picked]
-            features["mm_metadata"][m] = [str(metadata[i]) for i in picked]
+        _place_payload(
+            features,
+            result.items,
+            [str(k) for k in kwargs_data],
+            [None if m is None else str(m) for m in metadata],
+        )
     return features
+
+
+def _place_payload(
+    features: dict[str, Any],
+    items: Sequence[MultiModalKwargsItem],
+    kwargs_data: Sequence[Any],
+    metadata: Sequence[Any],
+) -> None:
+    """``features``' ``kwargs_data`` and ``mm_metadata`` per modality, as vLLM writes them: a
+    modality whose items have no metadata is left out of ``mm_metadata``, which is null when
+    none has any."""
+    features["kwargs_data"], features["mm_metadata"] = {}, {}
+    for modality in features["mm_hashes"]:
+        picked = [i for i, item in enumerate(items) if item.modality == modality]
+        features["kwargs_data"][modality] = [kwargs_data[i] for i in picked]
+        if any(metadata[i] is not None for i in picked):
+            features["mm_metadata"][modality] = [metadata[i] for i in picked]
+    features["mm_metadata"] = features["mm_metadata"] or None
 
 
 def generate_request(
@@ -977,49 +1014,42 @@ def _field(key: str, config: Any, slices: list[Any]) -> Field:
 
 def encode_items(
     items: Sequence[MultiModalKwargsItem],
+    wire: WireForm,
     *,
     float_dtype: torch.dtype | None = None,
-    per_item_slices: bool = False,
-    timestamps_field: bool = True,
     lazy: bool = False,
-) -> tuple[list[PiecesString], list[PiecesString]]:
+) -> tuple[list[PiecesString], list[PiecesString | None]]:
     """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, each as the
     base64 pieces the response writer sends without joining them (CPU work: call it in a
-    worker thread). ``float_dtype``: floating-point tensors are cast to it (vLLM's model dtype).
-    ``lazy``: ``kwargs_data``'s pieces are made as they are read
+    worker thread); an item's metadata is None when it has no field kept on the CPU. ``wire``:
+    the model's :class:`WireForm`. ``float_dtype``: floating-point tensors are cast to it
+    (vLLM's model dtype). ``lazy``: ``kwargs_data``'s pieces are made as they are read
     (:class:`~.kwargs_codec.ItemB64`, from the items' tensors, which must stay unchanged).
 
-    A flat field's slices describe the whole request's batch (every item carries all of them,
-    as vLLM's do); with ``per_item_slices`` each item's describe only its own rows, as vLLM's
-    Qwen3-VL items (recorded: two images or two videos each carry ``[[[0, rows, None]]]``).
-    ``timestamps_field``: an item's prompt timestamps are sent as its ``timestamps`` field, as
-    vLLM's Qwen3-VL video items carry them (GLM-4V's keep them in the prompt only).
+    A flat field's slices describe the whole batch its item was processed in (every item of
+    the batch carries all of them, as vLLM's do): the request's images are one batch; its
+    videos too, or each its own with ``wire.per_video_slices`` (recorded from vLLM: two Qwen3-VL
+    videos each carry ``[[[0, rows, None]]]``, two images ``[[[0, a, None]], [[a, b, None]]]``).
     """
-    if per_item_slices and len(items) > 1:
-        pieces = [
-            encode_items(
-                [item], float_dtype=float_dtype, timestamps_field=timestamps_field, lazy=lazy
-            )
-            for item in items
-        ]
-        return [k[0] for k, _ in pieces], [m[0] for _, m in pieces]
-    slices: dict[str, list[Any]] = {}
-    starts: dict[str, int] = {}
-    for item in items:  # per flat key, over the items that have it (an image has no video keys)
-        for key, value in item.data.items():
-            config = item.fields[key]
-            if isinstance(config, MultiModalFieldConfig) and config.kind is not FieldKind.FLAT:
-                continue
-            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else 1
-            start = starts.get(key, 0)
-            slices.setdefault(key, []).append([[start, start + rows, None]])
-            starts[key] = start + rows
-    kwargs_data, metadata = [], []
-    for item in items:
-        values = {k: _wire_value(k, item, float_dtype) for k in item.data}
-        fields = {k: _field(k, item.fields[k], slices.get(k, [])) for k in item.data}
+    batches: list[list[int]] = [[], []]  # images and others, videos
+    for i, item in enumerate(items):
+        if wire.per_video_slices and item.modality == "video":
+            batches.append([i])
+        else:
+            batches[item.modality == "video"].append(i)
+    slices: list[dict[str, list[Any]]] = [{}] * len(items)
+    for batch in batches:
+        batch_slices = _flat_slices([items[i] for i in batch])
+        for i in batch:
+            slices[i] = batch_slices
+    kwargs_data: list[PiecesString] = []
+    metadata: list[PiecesString | None] = []
+    for item, item_slices in zip(items, slices, strict=True):
+        keys = [k for k in item.data if k not in wire.dropped_keys]
+        values = {k: _wire_value(k, item, float_dtype) for k in keys}
+        fields = {k: _field(k, item.fields[k], item_slices.get(k, [])) for k in keys}
         seconds = item.prompt_data.get("timestamps")
-        if seconds is not None and timestamps_field:
+        if seconds is not None and wire.timestamps_field:
             # Qwen3-VL: vLLM's video item carries its prompt's timestamps (a batched field)
             values["timestamps"] = [float(s) for s in seconds]
             fields["timestamps"] = Field("batched", {"keep_on_cpu": True})
@@ -1028,8 +1058,25 @@ def encode_items(
             PiecesString(encode_item_lazy(entries) if lazy else encode_item_pieces(entries))
         )
         meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
-        metadata.append(PiecesString(encode_item_pieces(meta)))
+        metadata.append(PiecesString(encode_item_pieces(meta)) if meta else None)
     return kwargs_data, metadata
+
+
+def _flat_slices(items: Sequence[MultiModalKwargsItem]) -> dict[str, list[Any]]:
+    """Per flat key, the slices of one batch's items that have it (an image has no video
+    keys), in vLLM's nested form ``[[start, stop, None]]`` per item."""
+    slices: dict[str, list[Any]] = {}
+    starts: dict[str, int] = {}
+    for item in items:
+        for key, value in item.data.items():
+            config = item.fields[key]
+            if isinstance(config, MultiModalFieldConfig) and config.kind is not FieldKind.FLAT:
+                continue
+            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else 1
+            start = starts.get(key, 0)
+            slices.setdefault(key, []).append([[start, start + rows, None]])
+            starts[key] = start + rows
+    return slices
 
 
 def _ordered(keys: Any) -> list[str]:

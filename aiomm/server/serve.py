@@ -3,7 +3,8 @@ bodies written outside the GIL), one process or ``--workers N`` (:mod:`.workers`
 socket per worker).
 
 With several workers each process imports :func:`app_from_env`; the configuration travels in the
-``AIOMM_SERVE_CONFIG`` environment variable (JSON). uvicorn drains in-flight requests on SIGTERM
+``AIOMM_SERVE_CONFIG`` environment variable (JSON; the API keys with it, readable as
+``VLLM_API_KEY`` is, only by the server's user). uvicorn drains in-flight requests on SIGTERM
 (``timeout_graceful_shutdown``) and then runs the lifespan's shutdown, which closes the engine.
 """
 
@@ -44,6 +45,7 @@ def _from_env(text: str) -> ServerConfig:
     data: dict[str, Any] = json.loads(text)
     data["limits"] = RenderLimits(**data["limits"])
     data["served_model_names"] = tuple(data["served_model_names"])
+    data["api_keys"] = tuple(data.get("api_keys", ()))
     return ServerConfig(**data)
 
 

@@ -53,7 +53,6 @@ def test_build_processor_uses_the_snapshot_and_matches_the_real_processor(backen
     real = build_processor("qwen2-vl", real_hf)
     assert stored.backend is real.backend is Backend(backend)
     assert stored.allowed_hf_kwargs() == real.allowed_hf_kwargs()
-    assert stored.max_kept_pixels() == real.max_kept_pixels()
     assert stored._resolve_params({}) == real._resolve_params({})
     assert stored._resolve_video_params({}) == real._resolve_video_params({})
     assert stored.supports_video and stored._seconds_per_grid == real._seconds_per_grid

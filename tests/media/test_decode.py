@@ -29,7 +29,8 @@ from aiomm.decode import (
 from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError
 from aiomm.processing.image_ops import as_tensor_view, padded_pixels
 
-MAX = DecodeConfig().resolved_max_pixels()
+#: a deployment's limit below Pillow's warning threshold (the default is Pillow's bomb limit)
+MAX = 64 * 2**20
 
 
 def encode(image: PIL.Image.Image, fmt: str, **params: Any) -> bytes:
@@ -431,12 +432,9 @@ async def test_concurrent_decodes_leave_the_warning_filters_alone() -> None:
 
 def test_decode_config() -> None:
     assert DecodeConfig().max_pixels is None
-    assert DecodeConfig().resolved_max_pixels() == 67_108_864
-    # derived: twice what the adapter keeps, within [24 Mi, 64 Mi]
-    assert DecodeConfig().resolved_max_pixels(16 * 2**20) == 32 * 2**20
-    assert DecodeConfig().resolved_max_pixels(2**20) == 24 * 2**20
-    assert DecodeConfig().resolved_max_pixels(2**30) == 64 * 2**20
-    assert DecodeConfig(max_pixels=5).resolved_max_pixels(2**20) == 5
+    # Pillow's bomb limit (twice its warning threshold), vLLM's VLLM_MAX_IMAGE_PIXELS default
+    assert DecodeConfig().resolved_max_pixels() == 178_956_970 == 2 * PIL.Image.MAX_IMAGE_PIXELS
+    assert DecodeConfig(max_pixels=5).resolved_max_pixels() == 5
     assert DecodeConfig(formats=("png", "jpeg")).formats == ("PNG", "JPEG")
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError):
@@ -488,6 +486,24 @@ def test_truncated_is_refused_whatever_load_truncated_images_says(
     data = encode(image if fmt != "GIF" else image.convert("P"), fmt)
     assert decode(data).shape == (64, 48, 3)  # complete files still decode
     exc = _exactly(DecodeError, decode_image, data[: len(data) * 2 // 3], max_pixels=MAX)
+    assert "truncated" in str(exc)
+
+
+@pytest.mark.parametrize("load_truncated", [False, True])
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "P"])
+def test_a_png_cut_after_its_last_row_decodes_as_pillow_decodes_it(
+    mode: str, load_truncated: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final IEND chunk (12 bytes) and the image data's CRC and checksum cut off: every row
+    is there, Pillow (and vLLM) decode it; cut into the rows it is refused, whatever Pillow's
+    global switch says."""
+    monkeypatch.setattr(PIL.ImageFile, "LOAD_TRUNCATED_IMAGES", load_truncated)
+    image = PIL.Image.fromarray(noise(60, 90)).convert(mode)
+    data = encode(image, "PNG")
+    whole = decode(data)
+    for cut in (1, 4, 12, 13, 16, 20):
+        assert np.array_equal(decode(data[:-cut]), whole), cut
+    exc = _exactly(DecodeError, decode_image, data[:-40], max_pixels=MAX)
     assert "truncated" in str(exc)
 
 

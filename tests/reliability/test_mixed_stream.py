@@ -82,7 +82,7 @@ def hostile_sources(server: HostileServer) -> list[object]:
         "http://169.254.169.254/latest/meta-data/",
         jpeg(4)[:300],  # truncated
         bytes(forged),  # 8000 x 8000 claimed in ~90 bytes
-        png("1", (8192, 6000)),  # 49 Mpx of 1-bit: above the derived limit
+        png("1", (18000, 10000)),  # 180 Mpx of 1-bit in 23 KB: above Pillow's bomb limit
         b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n",
         b"",
     ]

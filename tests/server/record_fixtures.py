@@ -9,7 +9,11 @@ the processor cache off, so every item's flat-field slices come from its own req
 
 The recorded fixtures came from vLLM 0.33.0 (the ``shared/vllm_probe`` environment) on
 2026-12-01; the request-field cases (``chat_lax_values``, ``chat_max_tokens_above_the_room`` and
-the ``error_*`` cases after ``error_unknown_model``) on 2026-12-03, from the same server.
+the ``error_*`` cases after ``error_unknown_model``) on 2026-12-03, from the same server;
+``chat_phone_photo_48mp`` (its items kept as digests, :data:`DIGESTED`) and
+``chat_png_without_iend`` on 2026-12-06, from the same server;
+``error_image_aspect_ratio`` (an image the processor refuses) later from the same server, with
+``--only error_image_aspect_ratio``.
 
 Each case is written as ``fixtures/<case>.json``: ``{"path", "body", "status", "response"}``.
 Images are small and seeded, embedded in the bodies as data URLs (the bytes the hashes cover).
@@ -84,7 +88,50 @@ def images() -> dict[str, tuple[str, bytes]]:
         "image/webp",
         _encode(PIL.Image.fromarray(_photo(66, 99, 9)), "WEBP", quality=80),
     )
+    out["phone"] = ("image/jpeg", phone_photo())
+    out["png_without_iend"] = ("image/png", png_without_iend())
+    # 600x2, an aspect ratio of 300: Qwen2-VL's processor refuses it (above 200)
+    out["thin"] = ("image/png", _encode(PIL.Image.fromarray(_photo(600, 2, 10)), "PNG"))
     return out
+
+
+def phone_photo() -> bytes:
+    """An 8064 x 6048 JPEG (48 megapixels, a phone's full-size photo): smooth, so it is 300 KB."""
+    h, w = 6048, 8064
+    y = np.linspace(0, 1, h, dtype=np.float32)[:, None]
+    x = np.linspace(0, 1, w, dtype=np.float32)[None, :]
+    planes = [
+        127 + 100 * np.sin(3 * x + 2 * y),
+        127 + 100 * np.sin(2 * x - 3 * y + 1),
+        127 + 100 * np.cos(4 * x * y),
+    ]
+    pixels = np.stack(planes, axis=-1).astype(np.uint8)
+    return _encode(PIL.Image.fromarray(pixels), "JPEG", quality=30, optimize=True)
+
+
+def png_without_iend() -> bytes:
+    """A PNG whose final 16 bytes (the image data's CRC and the IEND chunk) are cut off: every
+    row is there, and Pillow decodes it."""
+    return _encode(PIL.Image.fromarray(_photo(64, 48, 21)), "PNG")[:-16]
+
+
+#: cases whose items are too large to keep: their ``kwargs_data`` items are recorded as digests
+#: (``{"sha256", "chars"}`` of the base64 text), compared by ``tests/support/render_compare.py``
+DIGESTED = frozenset({"chat_phone_photo_48mp"})
+
+
+def _digested(response: Any) -> Any:
+    import hashlib
+
+    data = response["features"]["kwargs_data"]
+    for modality, items in data.items():
+        data[modality] = [
+            None
+            if item is None
+            else {"sha256": hashlib.sha256(item.encode()).hexdigest(), "chars": len(item)}
+            for item in items
+        ]
+    return response
 
 
 def _clip(
@@ -369,6 +416,10 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
             add_generation_prompt="no",
             stream="yes",
         ),
+        "error_image_aspect_ratio": chat([user(text, part("thin"))]),
+        # a 48 MP photo: vLLM's limit is Pillow's bomb limit, and the processor scales it down
+        "chat_phone_photo_48mp": chat([user(text, part("phone"))]),
+        "chat_png_without_iend": chat([user(text, part("png_without_iend"))]),
         "error_one_of_two_images_bad": chat(
             [
                 user(
@@ -846,6 +897,8 @@ def main() -> None:
             except ValueError:
                 payload = resp.text
             record = {"path": path, "body": body, "status": resp.status_code, "response": payload}
+            if name in DIGESTED and resp.status_code == 200:
+                record.update(response=_digested(payload), digests=True)
             (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
             print(name, resp.status_code, len(resp.content))
 

@@ -193,4 +193,5 @@ def test_no_response_log_or_metric_of_the_server_shows_the_secret(
             assert response.json()["error"]["message"]
         metrics = client.get("/metrics").text
     assert SECRET not in metrics
+    assert "status=400" in caplog.text  # the server's log lines were captured
     assert SECRET not in caplog.text

@@ -118,13 +118,13 @@ def test_encoding_a_qwen_vl_item_makes_no_torch_call_that_releases_the_gil() -> 
     from torch_calls import NO_GIL_RELEASE, torch_calls
 
     from aiomm.adapters import build_processor
-    from aiomm.server.render import encode_items
+    from aiomm.server.render import WireForm, encode_items
 
     pixels = np.random.default_rng(3).integers(0, 256, (100, 130, 3), dtype=np.uint8)
     items = build_processor("qwen2-vl").process_items({"image": [pixels]}, {})["image"]
 
     def encode() -> tuple[list[str], list[str]]:
-        data, meta = encode_items(items, float_dtype=torch.bfloat16)  # as served
+        data, meta = encode_items(items, WireForm(), float_dtype=torch.bfloat16)  # as served
         return [str(d) for d in data], [str(m) for m in meta]  # the pieces made, as sent
 
     encode()
@@ -141,12 +141,12 @@ def test_wire_rows_shape_keeps_the_row_width_when_empty() -> None:
 
 def test_bfloat16_repeated_rows_go_blockwise_with_their_own_bytes() -> None:
     from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem, Repeat
-    from aiomm.server.render import encode_items
+    from aiomm.server.render import WireForm, encode_items
 
     compact = torch.randn(300, 2 * 7).to(torch.bfloat16)
     config = MultiModalFieldConfig.flat_from_sizes("image", [300], repeat=(2, 2))
     item = MultiModalKwargsItem("image", {"pixel_values": compact}, {"pixel_values": config})
-    (data,), _ = encode_items([item])
+    (data,), _ = encode_items([item], WireForm())
     value, _ = decode_item(str(data))["pixel_values"]
     want = Repeat(2, 2).expand(compact).reshape(300, -1)
     assert value.dtype == "bfloat16" and value.shape == (300, 28)
@@ -188,13 +188,15 @@ def test_dumps_chunks_splices_pieces_into_orjson_output() -> None:
 
 
 @pytest.mark.parametrize(
-    ("loader", "field"), [("qwen3_vl", True), ("glm4v", False), ("glm46v", False), (None, True)]
+    ("model", "field"),
+    [("qwen3-vl", True), ("glm-4v", False), ("glm-ocr", False), ("qwen2-vl", False), (None, True)],
 )
-def test_request_features_send_timestamps_as_the_loaders_model_does(
-    loader: str | None, field: bool
+def test_request_features_send_timestamps_as_the_models_vllm_processor_does(
+    model: str | None, field: bool
 ) -> None:
+    from aiomm.adapters import build_processor
     from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-    from aiomm.server.render import generate_request_features
+    from aiomm.server.render import WireForm, generate_request_features
     from aiomm.types import Result
 
     rows = torch.zeros(4, 6)
@@ -204,11 +206,13 @@ def test_request_features_send_timestamps_as_the_loaders_model_does(
     )
     item.prompt_data["timestamps"] = [0.0, 1.0]
     result = Result("r", items=[item])
-    features = generate_request_features(result, {"video": ["h"]}, video_loader=loader)
-    decoded = decode_item(features["mm_metadata"]["video"][0])
+    wire = WireForm() if model is None else WireForm.of(build_processor(model))
+    features = generate_request_features(result, {"video": ["h"]}, wire=wire)
     # vLLM's Qwen3-VL video items carry their prompt's timestamps; GLM's keep them in the prompt
-    assert ("timestamps" in decoded) is field
+    # (an item with no field kept on the CPU has no metadata, and then no modality has any)
+    assert (features["mm_metadata"] is not None) is field
     if field:
+        assert "timestamps" in decode_item(features["mm_metadata"]["video"][0])
         assert decode_item(features["kwargs_data"]["video"][0])["timestamps"][0] == [0.0, 1.0]
 
 

@@ -184,7 +184,14 @@ def _validate_features(
 
 
 class StandIn:
-    """The stand-in's app and what it recorded."""
+    """The stand-in's app and what it recorded.
+
+    ``api_key``: as ``vllm serve --api-key``, ``/inference/v1/generate`` then answers vLLM's
+    401 ``{"error":"Unauthorized"}`` unless the request carries exactly
+    ``Authorization: Bearer <api_key>``; ``/health`` stays open, as vLLM's. Every request's
+    ``Authorization`` header (None when absent) is recorded in ``authorizations``, and each
+    ``/health`` probe counted in ``health_probes``.
+    """
 
     def __init__(
         self,
@@ -193,19 +200,37 @@ class StandIn:
         delay_s: float = 0.0,
         image_token_id: int = IMAGE_PAD,
         runs: bool = True,
+        api_key: str | None = None,
     ) -> None:
         self.script = script
         self.delay_s = delay_s
         self.image_token_id = image_token_id
         self.runs = runs
+        self.api_key = api_key
         self.seen: list[dict[str, Any]] = []
         self.completed: list[str] = []
         self.abandoned: list[str] = []
+        self.authorizations: list[str | None] = []
+        self.health_probes = 0
         self.app = Starlette(
-            routes=[Route("/inference/v1/generate", self.generate, methods=["POST"])]
+            routes=[
+                Route("/inference/v1/generate", self.generate, methods=["POST"]),
+                Route("/health", self.health, methods=["GET"]),
+            ]
         )
 
+    async def health(self, request: Request) -> Response:
+        self.health_probes += 1
+        self.authorizations.append(request.headers.get("authorization"))
+        return Response(status_code=200)
+
     async def generate(self, request: Request) -> Response:
+        given = request.headers.get("authorization")
+        self.authorizations.append(given)
+        if self.api_key is not None and given != f"Bearer {self.api_key}":
+            return Response(
+                b'{"error":"Unauthorized"}', status_code=401, media_type="application/json"
+            )
         body = orjson.loads(await request.body())
         errors = validate(body, image_token_id=self.image_token_id, runs=self.runs)
         if errors:
@@ -255,16 +280,19 @@ class StandIn:
 
 
 class UpstreamServer:
-    """A :class:`StandIn` served by uvicorn on loopback in a thread (a context manager)."""
+    """A :class:`StandIn` served by uvicorn on loopback in a thread (a context manager); on
+    ``port`` when given (to start it again where a stopped one listened), else a free one."""
 
-    def __init__(self, standin: StandIn) -> None:
+    def __init__(self, standin: StandIn, port: int | None = None) -> None:
         import socket
 
         import uvicorn
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
+        if port is None:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+        self.port = port
         self.standin = standin
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(
@@ -275,6 +303,8 @@ class UpstreamServer:
     def __enter__(self) -> UpstreamServer:
         self.thread.start()
         while not self.server.started:
+            if not self.thread.is_alive():  # the port was taken: uvicorn gave up
+                raise RuntimeError(f"the stand-in could not listen on port {self.port}")
             time.sleep(0.02)
         return self
 

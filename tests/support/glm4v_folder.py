@@ -34,18 +34,15 @@ def build_glm_ocr_folder(path: Path) -> Path:
 
     Its timestamps are ``"{:.1f} seconds"``: the words ``0.0`` .. ``30.0`` (every tenth, so a
     fractional timestamp reads differently from a whole one). As GLM-4.6V checkpoints do, it
-    ships ``video_preprocessor_config.json`` naming ``Glm46VVideoProcessor``: vLLM picks its
-    video loader from that file (``config.json``'s ``glm_ocr`` names no video processor).
+    ships ``video_preprocessor_config.json`` naming ``Glm46VVideoProcessor`` (every offline
+    folder does): vLLM picks its video loader from that file (``config.json``'s ``glm_ocr`` names
+    no video processor).
     """
     from transformers import GlmOcrConfig
 
     words = [f"{i / 10:.1f}" for i in range(301)] + ["seconds"]
     config = GlmOcrConfig().to_dict()
-    path = _build(path, "GlmOcrForConditionalGeneration", config, words, specials_last=True)
-    processor = json.loads((path / "processor_config.json").read_text())
-    video = processor["video_processor"]
-    (path / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
-    return path
+    return _build(path, "GlmOcrForConditionalGeneration", config, words, specials_last=True)
 
 
 def _build(
@@ -89,8 +86,8 @@ def _build(
     )
     config["text_config"]["max_position_embeddings"] = 32768
     (path / "config.json").write_text(json.dumps(config, indent=1))
-    processor = json.loads((path / "processor_config.json").read_text())
+    video = json.loads((path / "video_preprocessor_config.json").read_text())
     # a small pixel floor for videos keeps the recorded tensors small (GLM-4.1V's is 112**2)
-    processor["video_processor"]["size"]["shortest_edge"] = VIDEO_MIN_PIXELS
-    (path / "processor_config.json").write_text(json.dumps(processor, indent=2))
+    video["size"]["shortest_edge"] = VIDEO_MIN_PIXELS
+    (path / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
     return path
