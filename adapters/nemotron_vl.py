@@ -197,6 +197,8 @@ class _TileParams:
     Architecture(
         "llama-nemotron-vl-embed", "LlamaNemotronVLForEmbedding", build_reference,
         "nvidia/llama-nemotron-embed-vl-1b-v2",
+        # the checkpoint's config.json names it so (vLLM's registry maps it to the class above)
+        aliases=("LlamaNemotronVLModel",),
     ),
     Architecture(
         "llama-nemotron-vl-rerank", "LlamaNemotronVLForSequenceClassification", build_reference,

@@ -59,6 +59,9 @@ class Architecture:
     #: ``build_hf_processor(backend="torchvision" | "pil")``
     build_hf_processor: Callable[..., Any]
     example_models: str = ""
+    #: other architecture names that select this row (a real checkpoint's ``architectures``
+    #: where it differs from the name vLLM's model class has)
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,8 @@ def register(*rows: Architecture) -> Callable[[P], P]:
             for row in rows
         ]
         taken: dict[str, AdapterInfo] = {}
-        for info in infos:
-            for key in (info.short_name, info.architecture):
+        for row, info in zip(rows, infos, strict=True):
+            for key in (info.short_name, info.architecture, *row.aliases):
                 if key in _BY_NAME or key in taken:
                     raise _duplicate(key, _BY_NAME.get(key) or taken[key], info)
                 taken[key] = info

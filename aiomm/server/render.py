@@ -77,9 +77,21 @@ __all__ = (
 )
 
 #: keys vLLM keeps on the CPU (sent again as ``mm_metadata``)
-_KEEP_ON_CPU = frozenset({"image_grid_thw", "video_grid_thw", "second_per_grid_ts", "timestamps"})
+_KEEP_ON_CPU = frozenset(
+    {
+        "image_grid_thw",
+        "video_grid_thw",
+        "second_per_grid_ts",
+        "timestamps",
+        "image_num_patches",
+        "image_token_id",
+    }
+)
 #: wire order of an item's keys (vLLM's with PYTHONHASHSEED=0); other keys follow
 _KEY_ORDER = (
+    "image_token_id",
+    "image_num_patches",
+    "pixel_values_flat",
     "timestamps",
     "pixel_values",
     "image_grid_thw",
@@ -120,6 +132,15 @@ class RenderLimits:
 #: keys an HF processor returns that vLLM's processor for it drops (absent from its fields
 #: config), by HF processor class: Mistral 3's items carry only ``pixel_values``
 _DROPPED_KEYS: dict[str, frozenset[str]] = {"PixtralProcessor": frozenset({"image_sizes"})}
+#: keys vLLM's processor names otherwise, by HF processor class: the InternVL-style processors
+#: (Llama Nemotron VL) send their tiles as ``pixel_values_flat``
+_RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "NemotronVLReference": {"pixel_values": "pixel_values_flat"}
+}
+#: the processors whose items carry the image token's id as a ``shared`` field kept on the CPU
+#: (vLLM's InternVL-style processors: the model picks the embedding positions with it), by HF
+#: processor class: the adapter attribute holding the id
+_TOKEN_ID_FIELD: dict[str, str] = {"NemotronVLReference": "img_context_id"}
 
 
 @dataclass(frozen=True)
@@ -136,17 +157,27 @@ class WireForm:
     timestamps_field: bool = True
     #: keys the HF processor returns that vLLM's drops (:data:`_DROPPED_KEYS`)
     dropped_keys: frozenset[str] = frozenset()
+    #: keys vLLM names otherwise (:data:`_RENAMED_KEYS`)
+    renamed_keys: Mapping[str, str] = field(default_factory=dict)
+    #: an image item's ``image_token_id`` (a ``shared`` int64 scalar kept on the CPU, batch size
+    #: the request's images), as vLLM's InternVL-style items carry it; None: no such field
+    image_token_id: int | None = None
 
     @classmethod
     def of(cls, processor: Any) -> WireForm:
         """The wire form of ``processor``'s items (an aiomm adapter)."""
         loader = video_loader(hf_class_name(getattr(processor, "video_processor", None)))
         qwen3 = loader == "qwen3_vl"
-        dropped = _DROPPED_KEYS.get(hf_class_name(getattr(processor, "hf_processor", None)))
+        family = hf_class_name(getattr(processor, "hf_processor", None))
+        token_attribute = _TOKEN_ID_FIELD.get(family)
         return cls(
             per_video_slices=qwen3,
             timestamps_field=qwen3 or loader is None,
-            dropped_keys=dropped or frozenset(),
+            dropped_keys=_DROPPED_KEYS.get(family, frozenset()),
+            renamed_keys=_RENAMED_KEYS.get(family, {}),
+            image_token_id=None
+            if token_attribute is None
+            else int(getattr(processor, token_attribute)),
         )
 
 
@@ -1038,16 +1069,23 @@ def encode_items(
         else:
             batches[item.modality == "video"].append(i)
     slices: list[dict[str, list[Any]]] = [{}] * len(items)
+    batch_sizes = [0] * len(items)
     for batch in batches:
         batch_slices = _flat_slices([items[i] for i in batch])
         for i in batch:
-            slices[i] = batch_slices
+            slices[i], batch_sizes[i] = batch_slices, len(batch)
     kwargs_data: list[PiecesString] = []
     metadata: list[PiecesString | None] = []
-    for item, item_slices in zip(items, slices, strict=True):
+    for item, item_slices, batch_size in zip(items, slices, batch_sizes, strict=True):
         keys = [k for k in item.data if k not in wire.dropped_keys]
-        values = {k: _wire_value(k, item, float_dtype) for k in keys}
-        fields = {k: _field(k, item.fields[k], item_slices.get(k, [])) for k in keys}
+        names = {k: wire.renamed_keys.get(k, k) for k in keys}
+        values = {names[k]: _wire_value(k, item, float_dtype) for k in keys}
+        fields = {names[k]: _field(names[k], item.fields[k], item_slices.get(k, [])) for k in keys}
+        if wire.image_token_id is not None and item.modality == "image":
+            values["image_token_id"] = torch.tensor(wire.image_token_id)
+            fields["image_token_id"] = Field(
+                "shared", {"keep_on_cpu": True, "batch_size": batch_size}
+            )
         seconds = item.prompt_data.get("timestamps")
         if seconds is not None and wire.timestamps_field:
             # Qwen3-VL: vLLM's video item carries its prompt's timestamps (a batched field)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,3 +96,23 @@ def test_a_row_naming_itself_twice_is_refused() -> None:
         )(QwenVLProcessor)
     with pytest.raises(UnknownArchitectureError):
         get_adapter_info("twin")
+
+
+def test_an_alias_selects_its_row_and_a_real_checkpoints_folder_loads(tmp_path: Path) -> None:
+    """Llama Nemotron VL's embedder checkpoint names itself ``LlamaNemotronVLModel``."""
+    import json
+
+    from aiomm.adapters import from_pretrained
+    from aiomm.adapters.folders import write_model_folder
+
+    info = get_adapter_info("LlamaNemotronVLModel")
+    assert info.short_name == "llama-nemotron-vl-embed"
+    folder = write_model_folder("llama-nemotron-vl-embed", tmp_path / "embed")
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["LlamaNemotronVLModel"]  # as the checkpoint ships it
+    (folder / "config.json").write_text(json.dumps(config))
+    assert type(from_pretrained(folder)) is info.processor_cls
+    with pytest.raises(ConfigError, match="registered twice"):
+        register(Architecture("twin-3", "Twin3ForCausalLM", QWEN3, aliases=("qwen2-vl",)))(
+            QwenVLProcessor
+        )

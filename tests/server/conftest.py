@@ -28,6 +28,10 @@ RECORDED_MODEL_QWEN3 = "/tmp/vllm-probe/qwen3vl"
 RECORDED_MODEL_GLM4V = "/tmp/vllm-probe/glm4v"
 #: the same for the GLM-OCR video fixtures (``fixtures_glm_ocr/``)
 RECORDED_MODEL_GLM_OCR = "/tmp/vllm-probe/glmocr"
+#: the same for the fixtures of the offline folders ``aiomm serve SHORT_NAME`` writes
+#: (``aiomm.adapters.folders.write_model_folder``): Mistral 3 and Llama Nemotron VL (embed)
+RECORDED_MODEL_MISTRAL3 = "/tmp/vllm-probe/mistral3"
+RECORDED_MODEL_NEMOTRON_VL = "/tmp/vllm-probe/nemotron-embed"
 
 
 def free_port() -> int:
@@ -139,3 +143,21 @@ def live_server_glm_ocr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Li
 
     folder = build_glm_ocr_folder(tmp_path_factory.mktemp("glm_ocr"))
     yield from _served(folder, RECORDED_MODEL_GLM_OCR)
+
+
+@pytest.fixture(scope="module")
+def live_server_mistral3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve mistral3``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("mistral3", tmp_path_factory.mktemp("mistral3"))
+    yield from _served(folder, RECORDED_MODEL_MISTRAL3)
+
+
+@pytest.fixture(scope="module")
+def live_server_nemotron_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve llama-nemotron-vl-embed``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("llama-nemotron-vl-embed", tmp_path_factory.mktemp("nemotron"))
+    yield from _served(folder, RECORDED_MODEL_NEMOTRON_VL)

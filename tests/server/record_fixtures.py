@@ -885,6 +885,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--model", default=MODEL, help="the model path the server was given")
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument(
+        "--digest", action="store_true", help="record every case's items as digests (DIGESTED)"
+    )
     args = parser.parse_args()
     args.out.mkdir(exist_ok=True)
     with httpx.Client(base_url=args.url, timeout=120) as client:
@@ -897,7 +900,7 @@ def main() -> None:
             except ValueError:
                 payload = resp.text
             record = {"path": path, "body": body, "status": resp.status_code, "response": payload}
-            if name in DIGESTED and resp.status_code == 200:
+            if (args.digest or name in DIGESTED) and resp.status_code == 200:
                 record.update(response=_digested(payload), digests=True)
             (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
             print(name, resp.status_code, len(resp.content))

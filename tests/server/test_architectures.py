@@ -241,12 +241,19 @@ def _check_render(
 
     assert len(items) == len(images), name
     offsets: dict[str, int] = {}
-    # the keys vLLM's processor keeps (Mistral 3's items carry no image_sizes)
-    kept = set(outputs) - WireForm.of(build_processor(name)).dropped_keys
+    # the keys as vLLM's processor sends them (Mistral 3's items carry no image_sizes; Llama
+    # Nemotron VL's name their tiles pixel_values_flat and carry the image token's id)
+    wire = WireForm.of(build_processor(name))
+    wire_names = {wire.renamed_keys.get(k, k): k for k in outputs if k not in wire.dropped_keys}
     for i, b64 in enumerate(items):
         decoded = decode_item(b64)
-        assert set(decoded) == kept, (name, sorted(decoded), sorted(kept))
-        for key, (value, field) in decoded.items():
+        if wire.image_token_id is not None:
+            (token, token_field) = decoded.pop("image_token_id")
+            assert _tensor(token).item() == wire.image_token_id, name
+            assert token_field == Field("shared", {"keep_on_cpu": True, "batch_size": len(images)})
+        assert set(decoded) == set(wire_names), (name, sorted(decoded), sorted(wire_names))
+        for wire_key, (value, field) in decoded.items():
+            key = wire_names[wire_key]
             got = _tensor(value)
             want = _reference_item(key, i, field, got, outputs[key], offsets.get(key, 0))
             offsets[key] = offsets.get(key, 0) + (int(got.shape[0]) if got.dim() else 1)

@@ -34,6 +34,13 @@ _GLM_VIDEO_DELIMITERS = (347, 348)
 #: videos rendered for a GLM-OCR folder: vLLM's glm46v loader, whole-second timestamps
 FIXTURES_GLM_OCR = Path(__file__).parent / "fixtures_glm_ocr"
 CASES_GLM_OCR = sorted(p.stem for p in FIXTURES_GLM_OCR.glob("*.json"))
+#: images rendered for ``aiomm serve mistral3``'s folder: only ``pixel_values``, no metadata
+FIXTURES_MISTRAL3 = Path(__file__).parent / "fixtures_mistral3"
+CASES_MISTRAL3 = sorted(p.stem for p in FIXTURES_MISTRAL3.glob("*.json"))
+#: images rendered for ``aiomm serve llama-nemotron-vl-embed``'s folder (items as digests):
+#: ``pixel_values_flat`` and the image token's id, as vLLM's InternVL-style items
+FIXTURES_NEMOTRON_VL = Path(__file__).parent / "fixtures_nemotron_vl"
+CASES_NEMOTRON_VL = sorted(p.stem for p in FIXTURES_NEMOTRON_VL.glob("*.json"))
 
 
 def _load(name: str, folder: Path = FIXTURES) -> dict[str, Any]:
@@ -91,6 +98,23 @@ def test_glm_ocr_videos_match_vllm(live_server_glm_ocr: Any, name: str) -> None:
     assert len({ids[r["offset"] + 4 + 5 * k] for k in range(3)}) == 1  # one timestamp word
 
 
+@pytest.mark.parametrize("name", CASES_MISTRAL3)
+def test_mistral3_images_match_vllm(live_server_mistral3: Any, name: str) -> None:
+    case = _load(name, FIXTURES_MISTRAL3)
+    _check(live_server_mistral3, case, name)
+    features = case["response"]["features"]
+    assert features["mm_metadata"] is None  # no field of Mistral 3's is kept on the CPU
+    assert all(list(decode_item(i)) == ["pixel_values"] for i in features["kwargs_data"]["image"])
+
+
+@pytest.mark.parametrize("name", CASES_NEMOTRON_VL)
+def test_nemotron_vl_images_match_vllm(live_server_nemotron_vl: Any, name: str) -> None:
+    case = _load(name, FIXTURES_NEMOTRON_VL)
+    _check(live_server_nemotron_vl, case, name)
+    metadata = case["response"]["features"]["mm_metadata"]["image"]
+    assert all(set(decode_item(m)) == {"image_token_id", "image_num_patches"} for m in metadata)
+
+
 def _check(live_server: Any, case: dict[str, Any], name: str) -> None:
     resp = httpx.post(live_server.url + case["path"], json=case["body"], timeout=60)
     found = differences(
@@ -135,6 +159,10 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
     assert {"video_h264", "video_and_image", "video_two", "video_mm_none"} <= set(CASES_QWEN3)
     # images are one batch (each item carries the batch's slices), videos one each
     assert "chat_two_images" in CASES_QWEN3
+    assert {"chat_jpeg", "chat_two_images"} <= set(CASES_MISTRAL3) & set(CASES_NEMOTRON_VL)
+    assert {"chat_phone_photo_48mp", "chat_png_without_iend", "error_image_aspect_ratio"} <= set(
+        CASES
+    )
     assert {"video_short", "video_three_frames", "video_two_short"} <= set(CASES_GLM4V)
     files = [
         *FIXTURES.glob("*.json"),
@@ -142,6 +170,8 @@ def test_fixtures_cover_the_acceptance_cases() -> None:
         *FIXTURES_QWEN3.glob("*.json"),
         *FIXTURES_GLM4V.glob("*.json"),
         *FIXTURES_GLM_OCR.glob("*.json"),
+        *FIXTURES_MISTRAL3.glob("*.json"),
+        *FIXTURES_NEMOTRON_VL.glob("*.json"),
     ]
     # the image and video cases are most of it (Qwen3-VL's two images alone 1.2 MB: its images
     # are upscaled to 64 Ki pixels at least); the request-field cases add about 40 KiB
