@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from aiomm.processing.image_ops import Resample
 
@@ -72,7 +72,8 @@ def resolve_params(
     :raises TypeError: for a field not in ``given`` whose type has no converter.
     """
     values = dict(given)
-    for name, convert, default in _readers(cls):
+    # as a plain type: mypy does not see a type[T] of an unbounded T as Hashable (the cache key)
+    for name, convert, default in _readers(cast(type, cls)):
         if name in values:
             continue
         if convert is None:

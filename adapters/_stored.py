@@ -54,7 +54,7 @@ STORE = Path(__file__).with_name("stored_processors.json")
 _VERSIONED = ("transformers", "tokenizers")
 
 
-class _Fields(dict):  # type: ignore[type-arg]
+class _Fields(dict):
     """A stored dict attribute (HF's ``SizeDict``): read by key or as attributes."""
 
     def __getattr__(self, name: str) -> Any:
@@ -184,8 +184,8 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        items = [_plain(v) for v in value]
-        return _SKIP if any(v is _SKIP for v in items) else items
+        elements = [_plain(v) for v in value]
+        return _SKIP if any(v is _SKIP for v in elements) else elements
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -65,6 +65,7 @@ from aiomm.adapters.qwen_vl import (
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
+from aiomm.media.video import VideoClip, VideoInfo
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
@@ -76,7 +77,6 @@ from aiomm.processing.image_ops import (
 )
 from aiomm.processing.processor import BaseMultiModalProcessor, image_size
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
-from aiomm.video import VideoClip, VideoInfo
 
 __all__ = (
     "Glm5NextMultiModalProcessor",
@@ -219,7 +219,7 @@ def timed_frame_indices(
     """GLM-4.6V's and GLM-5-Next's frame rule, before any deduplication: one frame every
     ``step`` seconds until ``max_second`` (evenly spread instead when that makes fewer or more
     than ``extract``). HF's processors then keep them distinct and even; vLLM's GLM-4.6V loader
-    reads each once (``aiomm.server.video_media``)."""
+    reads each once (``aiomm.vllm.video_media``)."""
     indices: list[int] = []
     if total < extract:
         indices = np.linspace(0, total - 1, extract, dtype=int).tolist()
@@ -374,7 +374,7 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of GLM-4V (``Glm4vProcessor``) and GLM-OCR (``Glm46VProcessor``): images and
     videos (module docstring).
 
-    A video item is a :class:`~aiomm.video.VideoClip` (frames already sampled: see
+    A video item is a :class:`~aiomm.media.video.VideoClip` (frames already sampled: see
     :meth:`sample_frames`); its item keeps the timestamps of its temporal patches in
     ``prompt_data`` for the prompt.
     """
@@ -490,7 +490,9 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         if hf_data.get("videos"):
             params = self._resolve_video_params(hf_kwargs)
             for frames in hf_data["videos"]:
-                self.video_canvas(*frames.shape[:3], params)
+                # (t, height, width): typed, so that mypy takes the argument after it
+                size = cast("tuple[int, int, int]", frames.shape[:3])
+                self.video_canvas(*size, params)
 
     # the transform --------------------------------------------------------------------------
 

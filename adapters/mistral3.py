@@ -25,7 +25,7 @@ backends by tests/adapters/test_parity.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -162,7 +162,9 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
     def _resolve_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
         ip = self.image_processor
         size = hf_kwargs.get("size", ip.size)
-        size_get = size.get if isinstance(size, Mapping) else lambda k, d=None: getattr(size, k, d)
+        size_get: Callable[..., Any] = (
+            size.get if isinstance(size, Mapping) else lambda k, d=None: getattr(size, k, d)
+        )
         if size_get("longest_edge", None):
             max_height = max_width = int(size_get("longest_edge"))
         elif size_get("height", None) and size_get("width", None):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -58,6 +58,7 @@ from aiomm.errors import (
     TooFewFramesError,
 )
 from aiomm.kernels import ChannelLayout
+from aiomm.media.video import VideoClip, VideoInfo
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
@@ -74,7 +75,6 @@ from aiomm.processing.image_ops import (
 )
 from aiomm.processing.processor import BaseMultiModalProcessor, image_size
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
-from aiomm.video import VideoClip, VideoInfo
 
 __all__ = (
     "QwenVLProcessor",
@@ -422,7 +422,7 @@ def _pixel_bounded_params(
 class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
     """Processor of every Qwen-VL family architecture: images and videos.
 
-    A video item is a :class:`~aiomm.video.VideoClip` (frames already sampled: see
+    A video item is a :class:`~aiomm.media.video.VideoClip` (frames already sampled: see
     :meth:`sample_frames`). Its transform is the video processor's: every frame resized to one
     ``smart_resize`` size (the video processor's own pixel bounds; Qwen3-VL's count every
     frame), frames padded to a multiple of ``temporal_patch_size`` with the last one, and rows of
@@ -551,7 +551,9 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             params = self._resolve_video_params(hf_kwargs)
             cap = bool(hf_kwargs.get("cap_pixels_per_frame"))
             for frames in hf_data["videos"]:
-                self.video_frame_size(*frames.shape[:3], params, cap)
+                # (t, height, width): typed, so that mypy takes the arguments after it
+                size = cast("tuple[int, int, int]", frames.shape[:3])
+                self.video_frame_size(*size, params, cap)
 
     # the transform --------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from .errors import VideoTooLargeError as VideoTooLargeError
 from .logging import configure_logging as configure_logging
 
 if _typing.TYPE_CHECKING:
+    from .cache.item_cache import CacheOutcome as CacheOutcome
     from .config import DecodeConfig as DecodeConfig
     from .config import EngineConfig as EngineConfig
     from .config import FetchConfig as FetchConfig
@@ -51,9 +52,8 @@ if _typing.TYPE_CHECKING:
     from .config import SharedCacheConfig as SharedCacheConfig
     from .engine import Engine as Engine
     from .engine import EngineStats as EngineStats
-    from .item_cache import CacheOutcome as CacheOutcome
+    from .engine import ResultStream as ResultStream
     from .processing.placeholders import PlaceholderRange as PlaceholderRange
-    from .stream import ResultStream as ResultStream
     from .types import Request as Request
     from .types import Result as Result
 
@@ -61,17 +61,17 @@ __version__ = "0.1.0"
 
 # name -> module it lives in, imported on first access
 _LAZY = {
-    "CacheOutcome": "aiomm.item_cache",
+    "CacheOutcome": "aiomm.cache.item_cache",
     "DecodeConfig": "aiomm.config",
-    "Engine": "aiomm.engine",
+    "Engine": "aiomm.engine._engine",
     "EngineConfig": "aiomm.config",
-    "EngineStats": "aiomm.engine",
+    "EngineStats": "aiomm.engine._engine",
     "FetchConfig": "aiomm.config",
     "MultiModalConfig": "aiomm.config",
     "PlaceholderRange": "aiomm.processing.placeholders",
     "Request": "aiomm.types",
     "Result": "aiomm.types",
-    "ResultStream": "aiomm.stream",
+    "ResultStream": "aiomm.engine._stream",
     "SharedCacheConfig": "aiomm.config",
 }
 

@@ -15,15 +15,19 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import anyio
 
 from aiomm.config import EngineConfig
-from aiomm.decode import DecodeConfig
-from aiomm.fetch import FetchConfig
+from aiomm.engine._stats import percentile
 from aiomm.logging import configure_logging
-from aiomm.stats import percentile
+from aiomm.media.fetch import FetchConfig
+from aiomm.media.image import DecodeConfig
 from aiomm.types import Request, Result
+
+if TYPE_CHECKING:
+    from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 
 __all__ = ("main",)
 
@@ -136,10 +140,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cache-pretouch",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="fault in each process's cache budget before serving, so the cache's growth "
-        "costs no page faults under load (default: on; the budget's memory is then held "
-        "from the start)",
+        "costs no page faults under load; the budget's memory is then held from the start and "
+        "start-up takes seconds per GiB (default: off, the cache grows on demand)",
     )
     serve.add_argument("--served-model-name", nargs="*", default=[], help="names clients use")
     serve.add_argument(
@@ -171,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sources = _expand_sources(args.sources)
         root = args.allowed_root
         if not sources:
-            from aiomm.samples import write_samples
+            from aiomm.media.samples import write_samples
 
             sources = [str(p) for p in write_samples(Path(tmp) / "samples", args.samples)]
             root = Path(tmp)
@@ -190,8 +194,8 @@ def _serve(args: argparse.Namespace) -> int:
         from aiomm.server import ServerConfig
         from aiomm.server.auth import api_keys, upstream_api_key
         from aiomm.server.render import RenderLimits
+        from aiomm.server.runtime.supervisor import ListenError
         from aiomm.server.serve import serve
-        from aiomm.server.workers import ListenError
     except ImportError as exc:
         print(f"aiomm serve needs the serve extra: pip install 'aiomm[serve]' ({exc})")
         return 2
@@ -234,6 +238,7 @@ def _serve(args: argparse.Namespace) -> int:
         busy_transform_threads=args.busy_transform_threads,
         cache_bytes=None if args.cache_gb is None else int(args.cache_gb * 2**30),
         cache_pretouch=args.cache_pretouch,
+        tuned=True,  # the server owns its process (aiomm.tuning)
         api_keys=api_keys(args.api_key),
         upstream_api_key=upstream_api_key(args.upstream_api_key),
     )
@@ -278,18 +283,23 @@ def _backend() -> dict[str, object]:
 async def _run(args: argparse.Namespace, sources: list[str], root: Path | None,
                output: Path) -> int:  # fmt: skip
     from aiomm.engine import Engine
+    from aiomm.tuning import tuned
 
     kwargs = {} if args.threads is None else {"transform_threads": args.threads}
-    config = EngineConfig(
-        max_in_flight=args.max_in_flight,
-        torch_threads=1,
-        fetch=FetchConfig(allowed_local_root=root),
-        decode=DecodeConfig(),
-        shared_cache_url=args.shared_cache,
-        **kwargs,
+    # `aiomm run` owns its process: the process-wide settings measured worth it (aiomm.tuning)
+    config = tuned(
+        EngineConfig(
+            max_in_flight=args.max_in_flight,
+            fetch=FetchConfig(allowed_local_root=root),
+            decode=DecodeConfig(),
+            shared_cache_url=args.shared_cache,
+            **kwargs,
+        )
     )
     engine = Engine.from_pretrained(args.model, config, backend=args.backend)
-    placeholder = engine.processor.dummy_inputs.get_dummy_text({"image": 1})
+    # every built-in adapter has dummy inputs (one without fails here, as it always did)
+    dummy_inputs = cast("BaseDummyInputsBuilder", engine.processor.dummy_inputs)
+    placeholder = dummy_inputs.get_dummy_text({"image": 1})
     requests = list(_requests(sources, args.images_per_request, args.repeats, placeholder))
     progress = None
     if not args.no_progress:

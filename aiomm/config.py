@@ -2,7 +2,7 @@
 
 A leaf module: it imports only the standard library and :mod:`aiomm.errors`, so building a
 configuration loads neither torch, httpx nor transformers. The stages re-export their record
-(``aiomm.fetch.FetchConfig`` is :class:`FetchConfig`).
+(``aiomm.media.fetch.FetchConfig`` is :class:`FetchConfig`).
 """
 
 from __future__ import annotations
@@ -92,11 +92,11 @@ def _check_choice(owner: object, name: str, choices: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class FetchConfig:
-    """Limits and the address policy of a :class:`~aiomm.fetch.MediaFetcher`.
+    """Limits and the address policy of a :class:`~aiomm.media.fetch.MediaFetcher`.
 
     Address policy: public addresses are allowed. Loopback needs ``allow_loopback``; private
     (RFC 1918, CGNAT, unique-local) and link-local need ``allow_private_addresses``. Cloud
-    metadata (:data:`aiomm.fetch.METADATA_ADDRESSES`), unspecified (``0.0.0.0``, ``::``),
+    metadata (:data:`aiomm.media.fetch.METADATA_ADDRESSES`), unspecified (``0.0.0.0``, ``::``),
     multicast and reserved/documentation ranges are always refused. ``allowed_networks``
     overrides all of it: an address inside one of those networks is allowed whatever its kind.
 
@@ -173,9 +173,10 @@ class DecodeConfig:
     #: packs about 8 thousand 1-bit pixels into a byte). None: no limit.
     max_pixels_per_byte: int | None = 8192
     #: Pillow image-memory blocks (16 MiB each by default) kept for reuse between decodes,
-    #: process-wide. Without them every decode maps fresh memory that the kernel zero-fills page
-    #: by page, about a fifth of a JPEG decode. None: four per transform thread; 0: Pillow's
-    #: default (none kept). The engine raises Pillow's setting to this while it is open.
+    #: process-wide (:mod:`aiomm.tuning.pillow`): without them every decode maps fresh memory
+    #: that the kernel zero-fills page by page, about a fifth of a JPEG decode. The engine raises
+    #: Pillow's setting to this while it is open. None (the default): Pillow's setting is left
+    #: alone; :func:`aiomm.tuning.tuned` asks for four per transform thread.
     pillow_blocks_kept: int | None = None
     #: ``exact`` (the default): outputs bit-identical to the HF processor. ``fast`` (opt-in):
     #: a JPEG whose resize target is at most half its size in both dimensions is decoded at a
@@ -349,19 +350,22 @@ class EngineConfig:
     device_staging_buffer_bytes: int = 16 << 20
     device_staging_max_buffer_bytes: int = 256 << 20
     #: on a CPU device: idle memory kept to back the next results (fresh pages for each
-    #: request's tens of megabytes cost a fifth of the CPU; see ``aiomm.host_buffers``); 0 = off
+    #: request's tens of megabytes cost a fifth of the CPU; see
+    #: ``aiomm.device.host_buffers``); 0 = off
     host_output_pool_bytes: int = 256 << 20
-    #: intra-op threads of torch, set once when the engine opens. None: 1 when several
-    #: transform threads run (they already use the cores, and torch's own pool would spin on
-    #: them: about half the CPU of a small image), else the process setting is left alone.
+    #: intra-op threads of torch, set (process-wide) while the engine is open. None (the
+    #: default): torch's setting is left alone. :func:`aiomm.tuning.tuned` sets 1 when several
+    #: transform threads run: they already use the cores, and torch's own pool would spin on
+    #: them (about half the CPU of a small image).
     torch_threads: int | None = None
     #: resize + patchify on the device (bit-exact to the CPU path): the CPU only decodes.
     #: None = on when the device is CUDA and the adapter's transform is a plain resize.
     mm_device_resize: bool | None = None
     #: let glibc's malloc reuse the large per-image buffers instead of mapping fresh pages for
-    #: each (process-wide, once; see ``aiomm.memory``); skipped when ``GLIBC_TUNABLES`` sets
-    #: malloc options
-    tune_malloc: bool = True
+    #: each (process-wide while the engine is open; see :mod:`aiomm.tuning.malloc`); skipped when
+    #: ``GLIBC_TUNABLES`` sets malloc options. Off by default: a library leaves its host's malloc
+    #: alone; :func:`aiomm.tuning.tuned` turns it on.
+    tune_malloc: bool = False
     #: hash encoded bytes in a worker thread above this size (below it the loop is faster)
     hash_in_thread_bytes: int = 1 << 20
     #: a Redis item cache shared by every replica, behind the in-process one
@@ -370,7 +374,7 @@ class EngineConfig:
     shared_cache: SharedCacheConfig = field(default_factory=SharedCacheConfig)
     #: a directory the worker processes of one host share (``aiomm serve --workers N`` makes
     #: one): a worker that misses copies the item from the worker that computed it
-    #: (:mod:`aiomm.peer_cache`). Not used with ``shared_cache_url``, which already shares items,
+    #: (:mod:`aiomm.cache.peer`). Not used with ``shared_cache_url``, which already shares items,
     #: nor with ``cache_capacity_bytes=0`` (nothing held to share).
     peer_cache_dir: str | None = None
     #: key items by ``Request.image_hashes`` when given (a hit skips the download); False hashes
@@ -393,11 +397,6 @@ class EngineConfig:
         """Admission slots requests with a network URL may hold at once: ``fetch_concurrency``,
         at most half of ``max_in_flight`` (at least one), so slow downloads never take them all."""
         return max(1, min(self.fetch_concurrency, self.max_in_flight // 2))
-
-    def pillow_blocks_kept(self) -> int:
-        """Pillow memory blocks the engine keeps for reuse (``decode.pillow_blocks_kept``)."""
-        kept = self.decode.pillow_blocks_kept
-        return 4 * self.transform_threads if kept is None else kept
 
     def __post_init__(self) -> None:
         for name in (

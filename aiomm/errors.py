@@ -44,10 +44,14 @@ and never embed payloads. Any error may carry the ``request_id`` and ``item_inde
 from __future__ import annotations
 
 import http
+import sys
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from aiomm.redaction import redact
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = (
     "AiommError",
@@ -84,6 +88,7 @@ __all__ = (
     "UnknownModalityError",
     "UnsupportedDtypeError",
     "VideoTooLargeError",
+    "first_error",
 )
 
 _E = TypeVar("_E", bound="AiommError")
@@ -418,3 +423,22 @@ class OverloadedError(AiommError, RuntimeError):
 
 class EngineClosedError(AiommError, RuntimeError):
     """Raised when a request is made to an engine that is not open."""
+
+
+def first_error(
+    group: BaseExceptionGroup,
+    prefer: type[BaseException] | tuple[type[BaseException], ...] = AiommError,
+) -> BaseException:
+    """What a failed task group stands for: the first of ``group``'s (nested) leaves that is a
+    ``prefer``, else its first leaf; never a group. A request's items load concurrently in a task
+    group; a caller catching ``AiommError`` (or a server mapping errors to status codes) would not
+    recognise the exception group anyio raises when one fails."""
+    leaves = _leaves(group)
+    return next((e for e in leaves if isinstance(e, prefer)), leaves[0])
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

@@ -1,8 +1,8 @@
 """Logging for aiomm: structlog events on standard-library loggers, silent until asked.
 
 Every aiomm module logs through ``get_logger(__name__)``: a structlog ``BoundLogger`` over the
-standard-library logger of that name (``aiomm.engine``, ``aiomm.fetch``, ...). The host
-application's :mod:`logging` configuration therefore decides what is shown and where:
+standard-library logger of that name (``aiomm.engine._engine``, ``aiomm.media.fetch``, ...).
+The host application's :mod:`logging` configuration therefore decides what is shown and where:
 
 - Unconfigured, aiomm prints nothing: a ``NullHandler`` on the ``aiomm`` logger keeps even
   warnings away from :data:`logging.lastResort`, as the logging HOWTO asks of libraries.

@@ -11,8 +11,8 @@ from aiomm.errors import InvalidRequestError
 if TYPE_CHECKING:
     import torch
 
+    from aiomm.cache.item_cache import CacheOutcome
     from aiomm.errors import AiommError
-    from aiomm.item_cache import CacheOutcome
     from aiomm.processing.fields import MultiModalKwargsItem
     from aiomm.processing.placeholders import PlaceholderRange
 
@@ -30,14 +30,16 @@ class Request:
     processor samples them, with the request's ``mm_processor_kwargs`` (``do_sample_frames``,
     ``fps``, ``num_frames``); images come before videos in the request's items.
     Give ``prompt_token_ids`` (already tokenized, as serving stacks do) or ``prompt`` (text,
-    tokenized with the adapter's tokenizer). ``image_hashes`` may carry caller-supplied content
-    hashes (OpenAI-style clients send them): a cache hit then skips even the download. A supplied
-    hash is used only as a cache key, never for a security decision; its entries are kept apart
-    from content-hash entries and per ``tenant`` (an id the caller vouches for, e.g. the API key's
-    owner), so one tenant cannot read or poison another's supplied-hash entries.
+    tokenized with the adapter's tokenizer). ``image_hashes`` and ``video_hashes`` may carry
+    caller-supplied ids (OpenAI-style clients send them; None for an item without one): the item's
+    id in the result, and a cache hit then skips even the download. A supplied id is used only as
+    a cache key, never for a security decision; its entries are kept apart from computed ids'
+    entries and per ``tenant`` (an id the caller vouches for, e.g. the API key's owner), so one
+    tenant cannot read or poison another's supplied-id entries.
 
     :raises InvalidRequestError: both or neither of ``prompt_token_ids`` and ``prompt``;
-        ``images`` or ``videos`` a single string or bytes; ``image_hashes`` not one per image.
+        ``images`` or ``videos`` a single string or bytes; ``image_hashes`` not one per image,
+        ``video_hashes`` not one per video.
     """
 
     prompt_token_ids: Sequence[int] | None = None
@@ -48,6 +50,7 @@ class Request:
     image_hashes: Sequence[str | None] | None = None
     tenant: str | None = None
     videos: Sequence[Any] = ()
+    video_hashes: Sequence[str | None] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt is None):
@@ -64,11 +67,15 @@ class Request:
                     f"{type(items).__name__}; wrap it in a list",
                     request_id=self.request_id,
                 )
-        if self.image_hashes is not None and len(self.image_hashes) != len(self.images):
-            raise InvalidRequestError(
-                f"image_hashes has {len(self.image_hashes)} entries for {len(self.images)} images",
-                request_id=self.request_id,
-            )
+        for name, hashes, items in (
+            ("image", self.image_hashes, self.images),
+            ("video", self.video_hashes, self.videos),
+        ):
+            if hashes is not None and len(hashes) != len(items):
+                raise InvalidRequestError(
+                    f"{name}_hashes has {len(hashes)} entries for {len(items)} {name}s",
+                    request_id=self.request_id,
+                )
 
 
 @dataclass
@@ -80,7 +87,12 @@ class Result:
     mm_placeholders: dict[str, list[PlaceholderRange]] = field(default_factory=dict)
     #: ``pixel_values`` (normalised, ``visual_dtype``, on the engine's device) and grid metadata
     mm_kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: each item's cache key, in request order
     item_hashes: list[str] = field(default_factory=list)
+    #: each item's id, in request order: the one the request supplied, else the engine's
+    #: :class:`~aiomm.engine.stages.Hasher`'s (blake3 of the encoded bytes by default; vLLM's
+    #: mm_hash in ``aiomm serve``), or blake3 of an in-memory image's pixels
+    item_ids: list[str] = field(default_factory=list)
     #: each item as processed, in request order (only with ``EngineConfig.return_items``)
     items: list[MultiModalKwargsItem] = field(default_factory=list)
     cache: list[CacheOutcome] = field(default_factory=list)

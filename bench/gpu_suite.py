@@ -326,7 +326,7 @@ def stage_vs_native(suite: Suite, rec: dict[str, Any], device: str) -> None:
     import anyio
     import torch
 
-    from aiomm.device import DeviceStage
+    from aiomm.device.stage import DeviceStage
     from aiomm.kernels import ChannelLayout, FusedMMInputNorm
     from aiomm.processing.processor import NormalizationParams
 
@@ -486,7 +486,7 @@ def uint8_vs_bf16(suite: Suite, rec: dict[str, Any]) -> None:
     import anyio
     import torch
 
-    from aiomm.device import DeviceStage
+    from aiomm.device.stage import DeviceStage
     from aiomm.kernels import ChannelLayout, FusedMMInputNorm
     from aiomm.processing.processor import NormalizationParams
 
@@ -596,7 +596,7 @@ def device_stage_throughput(suite: Suite, rec: dict[str, Any]) -> None:
     import anyio
     import torch
 
-    from aiomm.device import DeviceStage
+    from aiomm.device.stage import DeviceStage
     from aiomm.kernels import ChannelLayout, FusedMMInputNorm
     from aiomm.processing.processor import NormalizationParams
 
@@ -670,8 +670,8 @@ def engine_e2e(suite: Suite, rec: dict[str, Any]) -> None:
 
     from aiomm.config import EngineConfig
     from aiomm.engine import Engine
+    from aiomm.media.samples import encode, photo_like
     from aiomm.processing.processor import MultiModalConfig
-    from aiomm.samples import encode, photo_like
     from aiomm.types import Request
 
     device = "cuda" if suite.cuda else "cpu"
@@ -738,7 +738,7 @@ def resize_kernel(suite: Suite, rec: dict[str, Any]) -> None:
     import torch.nn.functional as F
 
     from aiomm.kernels import ResampleVariant, resize_uint8
-    from aiomm.samples import photo_like
+    from aiomm.media.samples import photo_like
 
     device = "cuda" if suite.cuda else "cpu"
     cases = [((1080, 1920), (728, 1316)), ((3024, 4032), (1008, 1344)), ((480, 640), (476, 644))]
@@ -790,7 +790,7 @@ def engine_device_resize(suite: Suite, rec: dict[str, Any]) -> None:
 
     from aiomm.config import EngineConfig
     from aiomm.engine import Engine
-    from aiomm.samples import encode, photo_like
+    from aiomm.media.samples import encode, photo_like
     from aiomm.types import Request
 
     device = "cuda" if suite.cuda else "cpu"

@@ -31,7 +31,7 @@ import ray
 from aiomm.adapters import get_adapter_info
 from aiomm.config import EngineConfig
 from aiomm.integrations.ray import ImagePreprocessor
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 
 PROMPT = "<|im_start|>user <|vision_start|><|image_pad|><|vision_end|> describe<|im_end|>"
 SIZES = [(480, 640), (600, 800), (768, 1024), (960, 1280), (720, 540), (1080, 1440)]

@@ -44,7 +44,7 @@ from hostile_server import HostileServer, drip, endless, fixed, gzip_bomb, head,
 from aiomm import Engine, EngineConfig, FetchConfig, OverloadedError, Request  # noqa: E402
 from aiomm.adapters import build_processor  # noqa: E402
 from aiomm.errors import AiommError  # noqa: E402
-from aiomm.samples import encode, photo_like  # noqa: E402
+from aiomm.media.samples import encode, photo_like  # noqa: E402
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
 
@@ -349,7 +349,7 @@ _FUZZ = """
 import sys, atheris
 with atheris.instrument_imports():
     import PIL.Image, PIL.PngImagePlugin, PIL.JpegImagePlugin, PIL.GifImagePlugin
-from aiomm.decode import decode_image
+from aiomm.media.image import decode_image
 from aiomm.errors import DecodeError, ImageTooLargeError
 
 def one(data):

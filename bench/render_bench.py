@@ -525,10 +525,16 @@ class Server:
         self.log.close()
 
 
-def aiomm_command(args: argparse.Namespace, port: int, flags: list[str]) -> list[str]:
-    """``aiomm serve`` of the benchmark's folder on ``port``, with ``flags`` appended."""
+def aiomm_command(
+    args: argparse.Namespace, port: int, flags: list[str], *, from_path: bool = False
+) -> list[str]:
+    """``aiomm serve`` of the benchmark's folder on ``port``, with ``flags`` appended;
+    ``from_path``: the aiomm that ``PYTHONPATH`` finds first (another build's)."""
+    entry = [str(Path(sys.executable).with_name("aiomm"))]
+    if from_path:
+        entry = [sys.executable, "-c", "import sys; from aiomm.cli import main; sys.exit(main())"]
     cmd = [
-        str(Path(sys.executable).with_name("aiomm")),
+        *entry,
         "serve",
         str(args.model_folder),
         "--port",
@@ -574,6 +580,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also run 'aiomm-b', an aiomm server with these extra flags, in the same rounds "
         "(with '=': --compare-flags=--no-cache-pretouch)",
     )
+    parser.add_argument(
+        "--compare-build",
+        type=Path,
+        help="run 'aiomm-b' from another build of aiomm in the same rounds: a folder holding "
+        "its installed package (pip install --no-deps --target DIR CHECKOUT); with "
+        "--compare-flags, those are its flags, else the same as aiomm's",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     if args.warm < 0:
@@ -602,14 +615,20 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         servers = {}
         variants = {"aiomm": shlex.split(args.aiomm_flags)}
-        if args.compare_flags is not None:
-            variants["aiomm-b"] = shlex.split(args.compare_flags)
+        if args.compare_flags is not None or args.compare_build is not None:
+            variants["aiomm-b"] = shlex.split(
+                args.aiomm_flags if args.compare_flags is None else args.compare_flags
+            )
         for name, flags in variants.items():
             port = _free_port()
-            cmd = aiomm_command(args, port, flags)
+            other_build = name == "aiomm-b" and args.compare_build is not None
+            cmd = aiomm_command(args, port, flags, from_path=other_build)
+            server_env = env
+            if other_build:
+                server_env = {**env, "PYTHONPATH": str(args.compare_build.resolve())}
             print(f"{name}: {shlex.join(cmd[1:])}", flush=True)
             started = stack.enter_context(
-                Server(cmd, env, port, logs / f"{name}.log", args.workers)
+                Server(cmd, server_env, port, logs / f"{name}.log", args.workers)
             )
             servers[name] = (started.url + "/v1/chat/completions/render", started.proc.pid)
         if args.vllm_venv:
@@ -662,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.images_per_s} images/s, {r.server_cpu_ms_per_image} CPU ms/image"
         )
     by = {(r.server, r.concurrency): r for r in results}
-    against = {"aiomm-b": f"aiomm/aiomm-b ({args.compare_flags})", "vllm": "aiomm/vLLM"}
+    b_label = args.compare_flags if args.compare_build is None else str(args.compare_build)
+    against = {"aiomm-b": f"aiomm/aiomm-b ({b_label})", "vllm": "aiomm/vLLM"}
     for c in args.concurrency:
         a = by.get(("aiomm", c))
         for other, label in against.items():

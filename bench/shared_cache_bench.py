@@ -43,7 +43,7 @@ def zipf_requests(n: int, pool: int, s: float, seed: int) -> list[int]:
 
 
 def _image_bytes(index: int, height: int, width: int) -> bytes:
-    from aiomm.samples import encode, photo_like
+    from aiomm.media.samples import encode, photo_like
 
     return encode(photo_like(np.random.default_rng(1000 + index), height, width), "JPEG")
 

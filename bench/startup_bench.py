@@ -37,7 +37,7 @@ stamps = {"python": time.perf_counter()}
 import torch; stamps["torch"] = time.perf_counter()
 import anyio, numpy as np
 from aiomm import Engine, EngineConfig, Request
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 stamps["aiomm"] = time.perf_counter()
 if REFERENCE:
     from aiomm.adapters import build_processor, get_adapter_info

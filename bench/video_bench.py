@@ -5,8 +5,8 @@ with the video processor's sampling (``fps`` where it takes one), per video: the
 with transformers' own PyAV loader (``load_video(backend="pyav")`` with the video processor's
 ``sample_frames``) and runs the HF processor (CPU-normalised float32, its default; the prompt
 expanded with its timestamps where the model has them); aiomm decodes only the sampled frames
-(``aiomm.video.decode_video``) and runs its native transform and prompt update, once with uint8
-output (the engine's default: normalised later on the device) and once CPU-normalised (the
+(``aiomm.media.video.decode_video``) and runs its native transform and prompt update, once with
+uint8 output (the engine's default: normalised later on the device) and once CPU-normalised (the
 classic path, the same output as HF). Every path's sampled frames, grids and prompt token ids are
 checked equal first. Prints videos per second and CPU milliseconds per sampled frame, and aiomm's
 ratios to HF.
@@ -32,7 +32,7 @@ import torch
 
 from aiomm.adapters import build_processor
 from aiomm.config import MultiModalConfig
-from aiomm.video import decode_video
+from aiomm.media.video import decode_video
 
 #: the architectures benchmarked, and the video placeholder of each one's chat template
 PROMPTS = {

@@ -8,7 +8,7 @@ each other upwards, so the three form no import cycle.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -84,7 +84,7 @@ def check_call(
     visual_dtype: torch.dtype,
     out: torch.Tensor | None,
     layout: ChannelLayout | str,
-    tables: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]],
+    tables: Mapping[str, tuple[torch.Tensor | None, tuple[int, ...]]],
     *,
     out_row_shape: Sequence[int] | None = None,
 ) -> int:

@@ -248,6 +248,7 @@ class FusedMMInputNorm(nn.Module):
         layout = ChannelLayout.parse(layout)
         tables = {"weight": (self.weight, (c,)), "shift": (self.shift, (2, c))}
         check_call(x, self.weight, visual_dtype, out, layout, tables)
+        param_shape: tuple[int, ...]
         if layout is ChannelLayout.NCHW:
             xv, param_shape = x, (c, 1, 1)
         elif layout is ChannelLayout.NHWC:

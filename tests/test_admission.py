@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from aiomm.admission import ByteBudget
+from aiomm.engine._byte_budget import ByteBudget
 
 
 async def test_waits_until_bytes_fit_and_serves_in_order() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from aiomm.adapters import supported_adapters
 from aiomm.cli import main
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 
 
 @pytest.mark.parametrize("name", [info.short_name for info in supported_adapters()])

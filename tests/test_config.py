@@ -31,7 +31,8 @@ def test_configs_build_without_heavy_modules() -> None:
 
 def test_old_homes_re_export_the_same_classes() -> None:
     import aiomm
-    from aiomm import decode, fetch
+    from aiomm.media import fetch
+    from aiomm.media import image as decode
     from aiomm.processing import processor
 
     assert fetch.FetchConfig is FetchConfig is aiomm.FetchConfig
@@ -50,7 +51,9 @@ def test_defaults() -> None:
     assert cfg.transform_threads >= 1 and cfg.max_in_flight == 64
     assert cfg.fetch == FetchConfig() and cfg.decode == DecodeConfig()
     assert cfg.processing == MultiModalConfig(transform="auto")
-    assert cfg.pillow_blocks_kept() == 4 * cfg.transform_threads
+    # an embedded engine changes no process-wide setting unless asked (aiomm.tuning.tuned)
+    assert not cfg.tune_malloc and cfg.torch_threads is None
+    assert cfg.decode.pillow_blocks_kept is None
     assert FetchConfig(allowed_local_root="/tmp").allowed_local_root == Path("/tmp")  # type: ignore[arg-type]
     nets = FetchConfig(allowed_networks=("10.1.0.0/16",)).allowed_networks  # type: ignore[arg-type]
     assert [str(n) for n in nets] == ["10.1.0.0/16"]

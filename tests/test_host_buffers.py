@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from aiomm.host_buffers import HostBufferPool, _block_size
+from aiomm.device.host_buffers import HostBufferPool, _block_size
 
 MIB = 1 << 20
 

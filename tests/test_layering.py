@@ -113,3 +113,36 @@ def test_imports_are_found_at_any_depth(tmp_path: Path, source: str, expected: s
     path.write_text(source)
     known = {"aiomm", "aiomm.kernels", "aiomm.kernels.norm", "aiomm.kernels.table_norm"}
     assert imports_of("aiomm.kernels.table_norm", path, known) == expected
+
+
+def test_the_top_level_holds_few_modules_and_the_rest_are_packages_per_concern() -> None:
+    top = [p.name for p in ROOTS["aiomm"].iterdir() if p.suffix == ".py"]
+    assert len(top) <= 12, sorted(top)
+    packages = {p.name for p in ROOTS["aiomm"].iterdir() if (p / "__init__.py").exists()}
+    assert {"engine", "media", "cache", "device", "processing", "vllm", "server", "tuning"} <= (
+        packages
+    )
+
+
+def _imports_under(graph: dict[str, set[str]], prefix: str) -> set[str]:
+    return {t for name, targets in graph.items() if name.startswith(prefix) for t in targets}
+
+
+def test_the_server_and_ray_share_aiomm_vllm_and_neither_imports_the_other() -> None:
+    graph = package_graph()
+    server, ray = _imports_under(graph, "aiomm.server"), _imports_under(graph, "aiomm.integrations")
+    vllm = _imports_under(graph, "aiomm.vllm")
+    assert any(t.startswith("aiomm.vllm") for t in server)
+    assert any(t.startswith("aiomm.vllm") for t in ray)
+    assert not any(t.startswith("aiomm.integrations") for t in server)
+    assert not any(t.startswith("aiomm.server") for t in ray | vllm)
+
+
+def test_the_server_has_no_fetch_or_hash_code_of_its_own() -> None:
+    """It hands URLs to the engine, whose load and hash stages fetch and identify them (vLLM's
+    mm_hash as the engine's hasher)."""
+    graph = package_graph()
+    server = _imports_under(graph, "aiomm.server")
+    assert not server & {"aiomm.media.fetch", "aiomm.media.hashing", "aiomm.vllm.mm_hash"}
+    sources = [p.read_text() for p in (ROOTS["aiomm"] / "server").rglob("*.py")]
+    assert not any("blake3" in s for s in sources)

@@ -82,7 +82,7 @@ def test_configure_logging_shows_the_engine_events_on_stderr(tmp_path: Path) -> 
     events = [json.loads(line) for line in out.stderr.splitlines()]
     by_name = {e["event"]: e for e in events}
     assert {"engine_open", "request_done", "request_failed", "engine_closed"} <= set(by_name)
-    assert by_name["engine_open"]["logger"] == "aiomm.engine"
+    assert by_name["engine_open"]["logger"] == "aiomm.engine._engine"
     assert by_name["request_failed"]["level"] == "warning"
     assert by_name["request_failed"]["error"] == "DecodeError"
     assert all("timestamp" in e for e in events)
@@ -144,7 +144,7 @@ def test_capture_logs_sees_aiomm_events() -> None:
 
 
 def test_importing_aiomm_configures_no_structlog() -> None:
-    code = "import structlog, aiomm.engine; print(structlog.is_configured())"
+    code = "import structlog, aiomm.engine._engine; print(structlog.is_configured())"
     out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -93,8 +93,8 @@ def test_every_exported_name_resolves() -> None:
     out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+    from aiomm.engine._stream import ResultStream
     from aiomm.processing.placeholders import PlaceholderRange
-    from aiomm.stream import ResultStream
 
     assert aiomm.ResultStream is ResultStream and aiomm.PlaceholderRange is PlaceholderRange
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
@@ -107,3 +107,61 @@ def test_import_aiomm_loads_no_heavy_modules() -> None:
     out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_every_package_is_installed() -> None:
+    """A non-editable install ships exactly the packages listed in pyproject.toml."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    on_disk = {"aiomm.kernels", "aiomm.adapters"} | {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for init in (REPO / "aiomm").rglob("__init__.py")
+    }
+    assert listed == on_disk
+
+
+def test_engine_runs_without_the_extras() -> None:
+    """uvloop and aiocache belong to the serve and shared-cache extras: the engine runs with
+    neither importable."""
+    code = """
+import sys
+import importlib.abc
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("uvloop", "aiocache", "redis", "starlette", "uvicorn"):
+            raise ImportError(f"blocked: {name}")
+        return None
+
+sys.meta_path.insert(0, Block())
+import anyio, numpy as np
+from aiomm import Engine, Request
+
+async def main():
+    async with Engine.from_pretrained("qwen2-vl") as engine:
+        prompt = "<|vision_start|><|image_pad|><|vision_end|>"
+        image = np.zeros((56, 56, 3), dtype=np.uint8)
+        result = await engine.process(Request(prompt=prompt, images=[image]))
+        print(len(result.prompt_token_ids), sorted(result.mm_kwargs))
+
+anyio.run(main)
+print(sorted(m for m in ("uvloop", "aiocache") if m in sys.modules))
+"""
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert "pixel_values" in out.stdout
+
+
+def test_light_dependencies_are_extras() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    assert "uvloop" not in core and "aiocache" not in core
+    extras = project["optional-dependencies"]
+    assert any(dep.startswith("uvloop") for dep in extras["serve"])
+    assert any(dep.startswith("aiocache") for dep in extras["shared-cache"])

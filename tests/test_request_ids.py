@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from aiomm import request_ids
-from aiomm.request_ids import random_hex
+from aiomm.engine import _ids as request_ids
+from aiomm.engine._ids import random_hex
 
 
 def test_ids_are_hex_of_the_length_asked_and_distinct_across_refills() -> None:

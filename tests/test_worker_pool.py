@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
+from aiomm.engine._worker_pool import WorkerPool
 from aiomm.errors import EngineClosedError
-from aiomm.worker_pool import WorkerPool
 
 pytestmark = pytest.mark.anyio
 

@@ -240,7 +240,11 @@ class ImagePreprocessor:
         error)."""
         import orjson
 
-        from aiomm.server.render import WireForm, generate_request_features, vllm_mm_hash
+        from aiomm.vllm.generate_request import (
+            WireForm,
+            generate_request_features,
+            vllm_mm_hash,
+        )
 
         images = _images(columns[self.image_column][i])
         if not all(isinstance(x, (bytes, bytearray)) for x in images):
@@ -346,7 +350,7 @@ def generate_request(
     """
     import json
 
-    from aiomm.server.render import generate_request as body
+    from aiomm.vllm.generate_request import generate_request as body
 
     if row.get("error"):
         raise InvalidRequestError(f"the row failed: {row['error']}")
@@ -370,7 +374,9 @@ class TorchCollate(NumpyBatchCollateFn):
     lists) a list of tensors, one per row; strings and lists of strings stay Python lists.
     """
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    # Ray annotates the result with CollatedData, a TypeVar bound to nothing (no return type
+    # can match it)
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:  # type: ignore[override]
         return {name: _torch_column(values) for name, values in batch.items()}
 
 
@@ -378,11 +384,16 @@ class TorchCollate(NumpyBatchCollateFn):
 
 
 def _actor_config() -> EngineConfig:
-    """One transform thread per CPU Ray gave this actor (not per core of the node)."""
+    """One transform thread per CPU Ray gave this actor (not per core of the node), and one
+    torch thread when there are several: the actor's process exists for this stage, and
+    torch's own pool would spin on the cores the transform threads use."""
     cpus = 1.0
     if ray.is_initialized():
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    return replace(EngineConfig(), transform_threads=max(1, round(cpus)))
+    threads = max(1, round(cpus))
+    return replace(
+        EngineConfig(), transform_threads=threads, torch_threads=1 if threads > 1 else None
+    )
 
 
 def _columns(batch: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,7 +194,7 @@ def resize(
 
 def padded_pixels(image: np.ndarray) -> np.ndarray | None:
     """The C-contiguous ``H x W x 4`` uint8 array whose first three channels ``image`` is a
-    view of (as :func:`aiomm.decode.decode_image` returns RGB JPEGs and PNGs), else None."""
+    view of (as :func:`aiomm.media.image.decode_image` returns RGB JPEGs and PNGs), else None."""
     base = image.base
     if (
         isinstance(base, np.ndarray)
@@ -242,7 +242,8 @@ def resize_chw(
 
 
 #: the antialiased kernels ``F.interpolate`` dispatches to (by mode), callable with ``out=``
-_AA_OPS = {
+#: (an overload torch's stubs leave out)
+_AA_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "bicubic": torch._C._nn._upsample_bicubic2d_aa,
     "bilinear": torch._C._nn._upsample_bilinear2d_aa,
 }

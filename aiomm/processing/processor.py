@@ -366,7 +366,7 @@ class BaseMultiModalProcessor:
 
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
-    ) -> dict[str, FieldConfig]:
+    ) -> Mapping[str, FieldConfig]:
         raise NotImplementedError
 
     def _set_prompt_data(

@@ -559,6 +559,7 @@ def _apply_and_find(
 ) -> tuple[PromptUpdateResult, _Pass | None]:
     """The result, and the application behind it (``None``: the prompt was already updated)."""
     counts = {m: len(items) for m, items in resolved.items() if items}
+    items: dict[str, tuple[PlaceholderRange | None, ...]]
     if _may_hold_every_content(prompt, resolved):
         found = find_placeholders(prompt, _contents(resolved))
         if all(len(found.get(m, ())) == n for m, n in counts.items()):

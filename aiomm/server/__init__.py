@@ -5,6 +5,6 @@
 
 from __future__ import annotations
 
-from .app import ServerConfig, create_app
+from aiomm.server.app import ServerConfig, create_app
 
 __all__ = ("ServerConfig", "create_app")

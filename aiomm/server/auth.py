@@ -46,7 +46,8 @@ def api_keys(given: Sequence[str] | None, environ: dict[str, str] | None = None)
     """The keys a server takes, as vLLM picks them: ``given`` (``--api-key``) when not empty, else
     :data:`API_KEY_ENV`; empty strings dropped (so ``VLLM_API_KEY=""`` means no key)."""
     env = os.environ if environ is None else environ
-    return tuple(k for k in (given or [env.get(API_KEY_ENV)]) if k)
+    candidates: Sequence[str | None] = given or [env.get(API_KEY_ENV)]
+    return tuple(k for k in candidates if k)
 
 
 def upstream_api_key(given: str | None, environ: dict[str, str] | None = None) -> str | None:

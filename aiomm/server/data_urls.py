@@ -26,13 +26,12 @@ from dataclasses import dataclass
 
 import pybase64
 
-from .content import ImagePart, Parsed
+from aiomm.vllm.content import ImagePart, Parsed, is_base64_header
 
 __all__ = (
     "LIFT_MIN_CHARS",
     "LiftedDataUrls",
     "attach",
-    "is_base64_header",
     "lift_data_urls",
     "payload_size",
     "payload_too_large",
@@ -46,11 +45,6 @@ _MAX_HEADER = 256
 _TOKEN_STR = "#aiomm-" + secrets.token_hex(12) + "-"
 _TOKEN = _TOKEN_STR.encode()
 _OPEN = b'"data:'
-
-
-def is_base64_header(header: str) -> bool:
-    """Whether a data URL's header (between ``data:`` and the comma) ends in ``;base64``."""
-    return header.rsplit(";", 1)[-1].strip().lower() == "base64"
 
 
 def payload_size(chars: int) -> int:

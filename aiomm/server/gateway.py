@@ -19,13 +19,12 @@ import httpx
 import orjson
 from tokenizers.decoders import DecodeStream
 
+from aiomm.engine._worker_pool import WorkerPool
 from aiomm.processing.tokenize import plain_backend
-from aiomm.worker_pool import WorkerPool
-
-from .errors import ApiError
-from .json_chunks import dumps as dumps_json
-from .readiness import DependencyDown
-from .request_values import flag
+from aiomm.server.json_chunks import dumps as dumps_json
+from aiomm.server.readiness import DependencyDown
+from aiomm.vllm.errors import ApiError
+from aiomm.vllm.request_values import flag
 
 __all__ = ("IncrementalText", "Upstream", "refuse_unanswerable")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -27,17 +27,15 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from aiomm.error_groups import first_error
-
-from .disconnect import until_disconnect
+from aiomm.errors import first_error
+from aiomm.server.disconnect import until_disconnect
+from aiomm.vllm.wire import PiecesString
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 __all__ = (
     "ChunkedJSONResponse",
-    "LazyPieces",
-    "PiecesString",
     "dumps",
     "dumps_chunks",
     "iter_chunks",
@@ -52,37 +50,6 @@ _CHECKPOINT_BYTES = 4 << 20
 #: client string echoed into a response can forge one)
 _MARK = secrets.token_hex(16).encode()
 _MARK_FRAGMENT = orjson.Fragment(b'"' + _MARK + b'"')
-
-
-class LazyPieces(Protocol):
-    """Pieces made as they are read (each iteration makes them again), of known total size."""
-
-    nbytes: int
-
-    def __iter__(self) -> Any: ...
-
-
-class PiecesString:
-    """A JSON string value given as ASCII pieces that need no escaping (base64): a sequence of
-    them, or :class:`LazyPieces` made while the value is sent."""
-
-    __slots__ = ("nbytes", "pieces")
-
-    def __init__(self, pieces: Sequence[bytes] | LazyPieces) -> None:
-        self.pieces: Iterable[bytes]
-        if isinstance(pieces, Sequence):
-            self.pieces = list(pieces)
-            self.nbytes = sum(len(p) for p in self.pieces)
-        else:
-            self.pieces, self.nbytes = pieces, pieces.nbytes
-
-    @property
-    def made_when_read(self) -> bool:
-        """Whether the pieces are made as they are read (:class:`LazyPieces`)."""
-        return not isinstance(self.pieces, list)
-
-    def __str__(self) -> str:
-        return b"".join(self.pieces).decode("ascii")
 
 
 def _default(found: list[PiecesString]) -> Any:

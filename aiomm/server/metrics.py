@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from aiomm.peer_cache import PeerCacheStatistics
+from aiomm.cache.peer import PeerCacheStatistics
 from aiomm.processing.image_ops import scratch_bytes
 
 __all__ = ("ServerMetrics",)

@@ -1,6 +1,6 @@
 """Running the app: uvicorn with uvloop and :class:`.RenderHttpProtocol` (httptools, large
-bodies written outside the GIL), one process or ``--workers N`` (:mod:`.workers`: a listening
-socket per worker).
+bodies written outside the GIL), one process or ``--workers N`` (:mod:`.runtime.supervisor`: a
+listening socket per worker).
 
 With several workers each process imports :func:`app_from_env`; the configuration travels in the
 ``AIOMM_SERVE_CONFIG`` environment variable (JSON; the API keys with it, readable as
@@ -22,13 +22,12 @@ from starlette.applications import Starlette
 
 from aiomm.config import EngineConfig, available_cores
 from aiomm.logging import configure_logging
-from aiomm.memory import prefer_small_pages, pretouch_fits
-
-from .app import ServerConfig, create_app, encode_on_send
-from .http_protocol import RenderHttpProtocol
-from .render import RenderLimits
-from .uvicorn_server import ServingServer
-from .workers import run_workers
+from aiomm.server.app import ServerConfig, create_app, encode_on_send
+from aiomm.server.render import RenderLimits
+from aiomm.server.runtime.protocol import RenderHttpProtocol
+from aiomm.server.runtime.settle import ServingServer
+from aiomm.server.runtime.supervisor import run_workers
+from aiomm.tuning.malloc import prefer_small_pages, pretouch_fits
 
 __all__ = ("app_from_env", "serve", "worker_config")
 
@@ -94,10 +93,10 @@ def serve(
     server failed to start).
 
     ``peer_cache``: with several workers and no Redis tier, the workers copy items from each
-    other (:mod:`aiomm.peer_cache`) through a private directory made here (on tmpfs where there
+    other (:mod:`aiomm.cache.peer`) through a private directory made here (on tmpfs where there
     is one) and removed at exit. ``config.cache_bytes`` (default: the engine's 4 GiB) is the
     whole server's: each worker caches an equal share of it. ``pin_workers``: with several
-    workers, each runs on its own share of the cores (:mod:`aiomm.server.cpu_pinning`).
+    workers, each runs on its own share of the cores (:mod:`aiomm.server.runtime.pinning`).
     """
     import uvicorn
 
@@ -109,7 +108,7 @@ def serve(
         # URLs), and large bodies written outside the GIL
         "http": RenderHttpProtocol,
         # no WebSocket routes: an upgrade would swap the protocol and leave its connection
-        # counted by the worker's balance (connection_balance) for good
+        # counted by the worker's balance (runtime.balance) for good
         "ws": "none",
         "access_log": False,
         "timeout_graceful_shutdown": max(5, int(config.limits.timeout_s)),

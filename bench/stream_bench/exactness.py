@@ -13,9 +13,10 @@ import torch
 
 from aiomm import Engine, EngineConfig, Request
 from aiomm.adapters.qwen_vl import smart_resize
-from aiomm.decode import DEFAULT_MAX_PIXELS, decode_image, keep_pillow_blocks
-from aiomm.memory import tune_malloc
+from aiomm.media.image import DEFAULT_MAX_PIXELS, decode_image
 from aiomm.processing.image_ops import Backend, Resample, resize
+from aiomm.tuning.malloc import tune_malloc
+from aiomm.tuning.pillow import keep_pillow_blocks
 
 from .loadgen import run_async
 from .measure import cores
@@ -43,7 +44,7 @@ def _target_size(hf: Any, height: int, width: int) -> tuple[int, int]:
 def measure_floor(wl: Workload, n: int) -> dict[str, Any]:
     """Single-thread time of decode + resize (the engine's own functions) per unique image."""
     # decode as the engine does: Pillow's memory blocks kept for reuse, malloc tuned
-    keep_pillow_blocks(EngineConfig(transform_threads=cores()).pillow_blocks_kept())
+    keep_pillow_blocks(4 * cores())
     tune_malloc()
     hf = hf_processor()
     resample = Resample(int(hf.image_processor.resample))

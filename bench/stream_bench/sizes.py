@@ -56,10 +56,12 @@ import torch
 
 from aiomm import Engine, EngineConfig, Request
 from aiomm.config import DecodeConfig
-from aiomm.decode import DEFAULT_MAX_PIXELS, decode_image, keep_pillow_blocks
-from aiomm.memory import tune_malloc
+from aiomm.media.image import DEFAULT_MAX_PIXELS, decode_image
+from aiomm.media.samples import encode, photo_like
 from aiomm.processing.image_ops import Backend, Resample, resize
-from aiomm.samples import encode, photo_like
+from aiomm.tuning import tuned
+from aiomm.tuning.malloc import tune_malloc
+from aiomm.tuning.pillow import keep_pillow_blocks
 
 from .exactness import _target_size
 from .measure import cores
@@ -150,13 +152,15 @@ class Systems:
         self._local = threading.local()
 
     def _engine(self, *, staged: bool = False, **decode: Any) -> Engine:
-        config = EngineConfig(
-            device="cpu",
-            visual_dtype="float32",
-            transform_threads=self.threads,
-            cache_capacity_bytes=0,
-            decode=DecodeConfig(**decode),
-            return_items=staged,
+        config = tuned(
+            EngineConfig(
+                device="cpu",
+                visual_dtype="float32",
+                transform_threads=self.threads,
+                cache_capacity_bytes=0,
+                decode=DecodeConfig(**decode),
+                return_items=staged,
+            )
         )
         return Engine(self.processor, config)
 
@@ -343,7 +347,7 @@ def run_sizes(
     (its worker writes under ``out``).
     """
     threads = threads or cores()
-    keep_pillow_blocks(EngineConfig(transform_threads=threads).pillow_blocks_kept())
+    keep_pillow_blocks(4 * threads)
     tune_malloc()
     systems = Systems(threads, concurrency)
     classes = []

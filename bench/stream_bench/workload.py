@@ -96,7 +96,7 @@ def load_workload(folder: Path) -> Workload:
 
 def _make_image(seed: int, k: int, img: dict[str, Any], folder: Path) -> int:
     # imported here: only the parent generates images, the vLLM environment has no aiomm
-    from aiomm.samples import encode, photo_like
+    from aiomm.media.samples import encode, photo_like
 
     rng = np.random.default_rng([seed, k])
     data = encode(photo_like(rng, img["height"], img["width"]), img["format"])

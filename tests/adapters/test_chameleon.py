@@ -12,7 +12,7 @@ from adapter_parity import check_case, prompt_text
 from parity import SEED, hf_processor
 
 from aiomm.adapters import build_processor, get_adapter_info
-from aiomm.samples import photo_like
+from aiomm.media.samples import photo_like
 
 NAME = "chameleon"
 

@@ -13,8 +13,8 @@ from parity import SEED, hf_processor
 
 from aiomm.adapters import build_processor
 from aiomm.errors import ItemCountMismatchError, ProcessingError, ProcessorKwargsError
+from aiomm.media.samples import photo_like
 from aiomm.processing.processor import MultiModalConfig
-from aiomm.samples import photo_like
 
 
 @pytest.mark.parametrize("backend", ["torchvision", "pil"])

@@ -13,9 +13,9 @@ from parity import SEED, hf_processor
 
 from aiomm.adapters import build_processor
 from aiomm.errors import ItemCountMismatchError, ProcessorKwargsError
+from aiomm.media.samples import photo_like
 from aiomm.processing.fields import merge_items
 from aiomm.processing.processor import MultiModalConfig
-from aiomm.samples import photo_like
 
 NAME = "mistral3"
 

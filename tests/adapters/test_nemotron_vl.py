@@ -16,8 +16,8 @@ from parity import SEED, hf_processor
 
 from aiomm.adapters import build_processor
 from aiomm.errors import ProcessorKwargsError
+from aiomm.media.samples import photo_like
 from aiomm.processing.processor import MultiModalConfig
-from aiomm.samples import photo_like
 
 EMBED, RERANK = "llama-nemotron-vl-embed", "llama-nemotron-vl-rerank"
 

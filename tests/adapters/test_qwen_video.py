@@ -20,8 +20,8 @@ from video_samples import CODECS, decode_all, frames_of, make_video
 from aiomm.adapters import build_processor
 from aiomm.adapters.qwen_vl import VIDEO_PLACEHOLDER, sample_frame_indices
 from aiomm.errors import ProcessorKwargsError, UnknownModalityError
+from aiomm.media.video import VideoClip, VideoInfo, clip_from_frames, decode_video, probe_video
 from aiomm.processing.processor import MultiModalConfig
-from aiomm.video import VideoClip, VideoInfo, clip_from_frames, decode_video, probe_video
 
 NAMES = ("qwen2-vl", "qwen2.5-vl")
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"

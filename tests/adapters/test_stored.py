@@ -23,9 +23,9 @@ from aiomm.adapters._stored import (
     hf_class_name,
     offline_hf_processor,
 )
+from aiomm.media.samples import photo_like
 from aiomm.processing.image_ops import Backend
 from aiomm.processing.processor import MultiModalConfig
-from aiomm.samples import photo_like
 
 PROMPTS = (
     "<|im_start|>user <|vision_start|><|image_pad|><|vision_end|> describe  the\n image<|im_end|>",
@@ -138,7 +138,7 @@ def test_the_embedded_default_starts_without_transformers_or_torchvision() -> No
     code = (
         "import sys, anyio, numpy as np\n"
         "from aiomm import Engine, EngineConfig, Request\n"
-        "from aiomm.samples import encode, photo_like\n"
+        "from aiomm.media.samples import encode, photo_like\n"
         "engine = Engine.from_pretrained('qwen2-vl', EngineConfig(device='cpu'))\n"
         "data = encode(photo_like(np.random.default_rng(0), 64, 96))\n"
         "prompt = '<|vision_start|><|image_pad|><|vision_end|> describe'\n"

@@ -32,10 +32,10 @@ from aiomm.adapters.glm import VIDEO_PLACEHOLDER as GLM_VIDEO
 from aiomm.adapters.offline import PROMPT_WORDS
 from aiomm.adapters.qwen_vl import QWEN_SPECIAL_TOKENS, qwen3_sample_frame_indices
 from aiomm.adapters.qwen_vl import VIDEO_PLACEHOLDER as QWEN_VIDEO
+from aiomm.cache.codec import decode_item, encode_item
 from aiomm.errors import DecodeError, ProcessingError, ProcessorKwargsError
-from aiomm.item_codec import decode_item, encode_item
+from aiomm.media.video import VideoInfo, clip_from_frames, decode_video
 from aiomm.processing.processor import MultiModalConfig
-from aiomm.video import VideoInfo, clip_from_frames, decode_video
 
 NAMES = ("qwen3-vl", "glm-4v", "glm-ocr", "glm-5-next")
 #: per adapter: its video placeholder, the tokens around an expansion, an image placeholder

@@ -1,4 +1,4 @@
-"""ByteLRUCache through aiocache's public API."""
+"""ByteLRUCache through the aiocache interface it implements."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import aiomm.cache
-from aiomm.cache import ByteLRUCache, CacheStatistics, nbytes_of
+import aiomm.cache._lru
+from aiomm.cache._lru import ByteLRUCache, CacheStatistics, nbytes_of
 
 
 def tensor(nbytes: int) -> torch.Tensor:
@@ -119,7 +119,7 @@ async def test_add_increment_and_multi_set_follow_aiocache() -> None:
 
 async def test_ttl_expires_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [100.0]
-    monkeypatch.setattr(aiomm.cache, "_now", lambda: now[0])
+    monkeypatch.setattr(aiomm.cache._lru, "_now", lambda: now[0])
     cache = ByteLRUCache(100)
     await cache.set("short", tensor(40), ttl=5)
     await cache.set("forever", tensor(40))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aiomm.hashing import hash_bytes, hash_pixels, item_cache_key
+from aiomm.media.hashing import hash_bytes, hash_pixels, item_cache_key
 
 KEY_PARTS = {
     "adapter": "qwen2_vl",

@@ -7,8 +7,8 @@ import pytest
 import torch
 from aiocache import SimpleMemoryCache
 
-from aiomm.cache import ByteLRUCache
-from aiomm.item_cache import CacheOutcome, ItemCache
+from aiomm.cache._lru import ByteLRUCache
+from aiomm.cache.item_cache import CacheOutcome, ItemCache
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -145,8 +145,8 @@ async def test_failures_reach_every_request_and_are_not_cached() -> None:
 async def test_leader_rechecks_the_backend_inside_the_flight() -> None:
     # A remote backend can be filled by another process between the lookup and the flight.
     class RacyBackend(ByteLRUCache):
-        async def _get(self, key: str, encoding: str | None = "utf-8", _conn: object = None):
-            value = await super()._get(key, encoding, _conn)
+        async def get(self, key: str, default: object = None, namespace: str | None = None):
+            value = await super().get(key, default, namespace)
             if value is None:
                 self._store(key, "filled elsewhere", None)
             return value

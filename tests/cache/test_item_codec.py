@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from aiomm.adapters import build_processor
+from aiomm.cache.codec import decode_item, encode_item, encode_item_parts
 from aiomm.errors import CacheValueError
-from aiomm.item_codec import decode_item, encode_item, encode_item_parts
+from aiomm.media.samples import photo_like
 from aiomm.processing.fields import (
     MultiModalFieldConfig,
     MultiModalKwargsItem,
     PaddedImageField,
 )
-from aiomm.samples import photo_like
 
 
 def _item() -> MultiModalKwargsItem:

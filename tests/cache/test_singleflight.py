@@ -9,8 +9,8 @@ import anyio
 import pytest
 import structlog
 
+from aiomm.cache._singleflight import SingleFlight, SingleFlightStatistics
 from aiomm.errors import EngineClosedError
-from aiomm.singleflight import SingleFlight, SingleFlightStatistics
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -16,7 +16,7 @@ import anyio.lowlevel
 import pytest
 import torch
 
-from aiomm.pinned_pool import CudaEventFence, PinnedBuffer, PinnedBufferPool
+from aiomm.device.pinned_pool import CudaEventFence, PinnedBuffer, PinnedBufferPool
 
 
 @pytest.fixture

@@ -19,10 +19,10 @@ import torch
 from parity import SEED, hf_processor, rel_err
 
 from aiomm.adapters import build_processor, supported_adapters
+from aiomm.cache.item_cache import CacheOutcome
 from aiomm.config import EngineConfig, MultiModalConfig
 from aiomm.engine import Engine
-from aiomm.item_cache import CacheOutcome
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 from aiomm.types import Request, Result
 
 ADAPTERS = [info.short_name for info in supported_adapters()]

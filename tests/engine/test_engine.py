@@ -20,8 +20,8 @@ import pytest
 import torch
 from counting_decoder import ConcurrencyDecoder, CountingDecoder
 
+from aiomm.cache.item_cache import CacheOutcome
 from aiomm.config import EngineConfig
-from aiomm.decode import DecodeConfig
 from aiomm.engine import Engine
 from aiomm.errors import (
     ConfigError,
@@ -31,9 +31,9 @@ from aiomm.errors import (
     ItemCountMismatchError,
     UnknownArchitectureError,
 )
-from aiomm.fetch import FetchConfig
-from aiomm.item_cache import CacheOutcome
-from aiomm.samples import encode, photo_like
+from aiomm.media.fetch import FetchConfig
+from aiomm.media.image import DecodeConfig
+from aiomm.media.samples import encode, photo_like
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -124,11 +124,11 @@ def counting_decoder() -> CountingDecoder:
 
 async def test_an_image_header_is_parsed_once(make_processor, monkeypatch) -> None:
     # PillowDecoder's probe and decode share one open; a subclass's own decode is still called
-    import aiomm.decode
+    import aiomm.media.image
 
     opens = []
-    real_open = aiomm.decode._open
-    monkeypatch.setattr(aiomm.decode, "_open", lambda *a: opens.append(1) or real_open(*a))
+    real_open = aiomm.media.image._open
+    monkeypatch.setattr(aiomm.media.image, "_open", lambda *a: opens.append(1) or real_open(*a))
     data = [encode(image(k, 100 + k, 120), fmt) for k, fmt in enumerate(["JPEG", "PNG", "WEBP"])]
     async with Engine(make_processor(), EngineConfig(device="cpu", cache_capacity_bytes=0)) as e:
         plain = [await e.process(Request(prompt=prompt(1), images=[d])) for d in data]

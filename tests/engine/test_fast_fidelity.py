@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from aiomm.config import DecodeConfig, EngineConfig
-from aiomm.decode import decode_image
 from aiomm.engine import Engine
 from aiomm.errors import ConfigError
-from aiomm.samples import encode, photo_like
+from aiomm.media.image import decode_image
+from aiomm.media.samples import encode, photo_like
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"

@@ -12,7 +12,7 @@ import torch
 from parity import hf_processor
 
 from aiomm import Engine, EngineConfig, Request
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 
 PROMPT = "<|im_start|>user <|vision_start|><|image_pad|><|vision_end|> describe<|im_end|>"
 

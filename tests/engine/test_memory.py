@@ -1,4 +1,5 @@
-"""``aiomm.memory.tune_malloc``: applied once on glibc, skipped when the operator set malloc."""
+"""``aiomm.tuning.malloc.tune_malloc``: applied once on glibc, skipped when the operator set
+malloc."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 import pytest
 from fresh_python import run_python
 
-from aiomm import memory
 from aiomm.config import EngineConfig
 from aiomm.engine import Engine
+from aiomm.tuning import malloc as memory
 
 
 def last_line(code: str, env: dict[str, str] | None = None) -> str:
@@ -27,13 +28,14 @@ GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "gnu_get
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
 def test_applied_once_per_process_on_glibc() -> None:
     code = (
-        "from aiomm.memory import tune_malloc; print(tune_malloc(), tune_malloc(mmap_threshold=1))"
+        "from aiomm.tuning.malloc import tune_malloc; "
+        "print(tune_malloc(), tune_malloc(mmap_threshold=1))"
     )
     assert last_line(code) == "True True"
 
 
 def test_operator_tunables_win() -> None:
-    code = "from aiomm.memory import tune_malloc; print(tune_malloc())"
+    code = "from aiomm.tuning.malloc import tune_malloc; print(tune_malloc())"
     env = {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1048576"}
     assert last_line(code, env=env) == "False"
 
@@ -45,7 +47,7 @@ def test_freed_image_buffers_are_reused_not_mapped_again(in_thread: bool) -> Non
     reuse the heap (glibc's defaults return the memory and fault it in again: ~30% of pages)."""
     code = f"""
 import resource, threading, numpy as np
-from aiomm.memory import tune_malloc
+from aiomm.tuning.malloc import tune_malloc
 assert tune_malloc()
 def faults(): return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def work():
@@ -64,15 +66,15 @@ else:
     assert float(last_line(code)) < 0.1
 
 
-async def test_engine_applies_it_unless_configured_off(
+async def test_engine_applies_it_only_when_asked(
     monkeypatch: pytest.MonkeyPatch, make_processor
 ) -> None:
     calls: list[int] = []
-    monkeypatch.setattr("aiomm.engine.tune_malloc", lambda: calls.append(1) or True)
-    async with Engine(make_processor(), EngineConfig(device="cpu", tune_malloc=False)):
-        pass
-    assert calls == []
+    monkeypatch.setattr("aiomm.engine._engine.tune_malloc", lambda: calls.append(1) or True)
     async with Engine(make_processor(), EngineConfig(device="cpu")):
+        pass
+    assert calls == []  # a library leaves its host's malloc alone by default
+    async with Engine(make_processor(), EngineConfig(device="cpu", tune_malloc=True)):
         pass
     assert calls == [1]
     assert memory.DEFAULT_MMAP_THRESHOLD == 32 << 20
@@ -86,7 +88,7 @@ def test_pretouched_heap_serves_a_growing_cache_without_new_memory(pretouch: boo
     (resident memory, not fault counts: huge pages fault 2 MiB at a time)."""
     code = f"""
 import threading, numpy as np
-from aiomm import memory
+from aiomm.tuning import malloc as memory
 assert memory.tune_malloc() and memory.use_one_arena()
 touched = memory.pretouch_heap(96 << 20) if {pretouch} else 0
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
@@ -113,7 +115,7 @@ print(touched, (rss() - before) / nbytes[0])
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
 def test_pretouched_memory_is_returned_when_the_last_engine_closes() -> None:
     code = """
-from aiomm import memory
+from aiomm.tuning import malloc as memory
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 memory.engine_opened()
@@ -151,10 +153,10 @@ def test_room_counts_the_control_groups_limit(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
 def test_pretouch_needs_the_malloc_settings_and_room_on_the_host() -> None:
-    code = "from aiomm import memory; print(memory.pretouch_heap(1 << 20))"
+    code = "from aiomm.tuning import malloc as memory; print(memory.pretouch_heap(1 << 20))"
     assert last_line(code) == "0"  # malloc not tuned: the blocks would be mappings
     code = (
-        "from aiomm import memory; memory.tune_malloc(); "
+        "from aiomm.tuning import malloc as memory; memory.tune_malloc(); "
         "print(memory.pretouch_heap(1 << 50), memory.pretouch_heap(1 << 20) >= 1 << 20)"
     )
     # a petabyte is refused (a warning), nothing touched; a megabyte is touched
@@ -164,7 +166,7 @@ def test_pretouch_needs_the_malloc_settings_and_room_on_the_host() -> None:
 def test_pretouch_leaves_operator_tunables_alone() -> None:
     env = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}
     code = (
-        "from aiomm import memory; "
+        "from aiomm.tuning import malloc as memory; "
         "print(memory.tune_malloc(), memory.use_one_arena(), memory.pretouch_heap(1 << 20))"
     )
     assert last_line(code, env=env) == "False False 0"

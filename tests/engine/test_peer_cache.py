@@ -20,14 +20,14 @@ import pytest
 import torch
 from counting_decoder import CountingDecoder
 
-import aiomm.peer_cache
+import aiomm.cache.peer
+from aiomm.cache.item_cache import CacheOutcome
+from aiomm.cache.peer import PeerItemCache
 from aiomm.config import EngineConfig
 from aiomm.engine import Engine
 from aiomm.errors import ConfigError
-from aiomm.item_cache import CacheOutcome
-from aiomm.peer_cache import PeerItemCache
+from aiomm.media.samples import encode, photo_like
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-from aiomm.samples import encode, photo_like
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -144,7 +144,7 @@ async def test_no_worker_tier_without_an_in_process_cache(make_processor, tmp_pa
 async def test_an_item_the_owner_no_longer_holds_is_computed_and_announced_again(
     make_processor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(aiomm.peer_cache, "_LINK_GRACE_S", 0.0)
+    monkeypatch.setattr(aiomm.cache.peer, "_LINK_GRACE_S", 0.0)
     data = new_image()
     decoder = CountingDecoder()
     processor = make_processor()

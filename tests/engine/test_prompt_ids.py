@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from aiomm.adapters import build_processor, supported_adapters
+from aiomm.engine.stages.assemble import AssembleStage
 from aiomm.processing.tokenize import LONG_TEXT_CHARS, encode_plain, plain_backend
-from aiomm.stages.assemble import AssembleStage
 from aiomm.types import Request
 
 PROMPTS = [

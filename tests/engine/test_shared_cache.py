@@ -18,13 +18,13 @@ import torch
 from counting_decoder import CountingDecoder
 from redis_server import RedisServer, free_port
 
+from aiomm.cache.item_cache import CacheOutcome
+from aiomm.cache.redis import SharedItemCache
 from aiomm.config import EngineConfig, SharedCacheConfig
 from aiomm.engine import Engine
-from aiomm.hashing import hash_bytes
-from aiomm.item_cache import CacheOutcome
+from aiomm.media.hashing import hash_bytes
+from aiomm.media.samples import encode, photo_like
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-from aiomm.samples import encode, photo_like
-from aiomm.shared_cache import SharedItemCache
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"

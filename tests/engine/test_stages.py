@@ -10,12 +10,12 @@ import numpy as np
 import PIL.Image
 import pytest
 
+from aiomm.cache.item_cache import CacheOutcome
 from aiomm.config import EngineConfig
 from aiomm.engine import Engine
 from aiomm.errors import DecodeError, FetchError, InvalidSourceError, ProcessingError
-from aiomm.fetch import FetchStatistics
-from aiomm.item_cache import CacheOutcome
-from aiomm.samples import encode, photo_like
+from aiomm.media.fetch import FetchStatistics
+from aiomm.media.samples import encode, photo_like
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"

@@ -1,6 +1,6 @@
-"""Torch's intra-op pool while an engine is open: one thread when the transform threads already
-run in parallel (torch's own pool would spin on the same cores), the process setting otherwise,
-and the setting restored when the last engine closes."""
+"""Torch's intra-op pool while an engine is open: the host's setting unless ``torch_threads``
+asks for another (``aiomm.tuning.tuned`` asks for one thread when the transform threads already
+run in parallel), and the setting restored when the last engine closes."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def two_torch_threads():
 
 @pytest.mark.parametrize(
     ("transform_threads", "torch_threads", "while_open"),
-    [(2, None, 1), (1, None, 2), (2, 2, 2), (1, 1, 1)],
+    [(2, None, 2), (1, None, 2), (2, 2, 2), (1, 1, 1), (2, 1, 1)],
 )
 def test_torch_threads_while_open(
     two_torch_threads: None, transform_threads: int, torch_threads: int | None, while_open: int

@@ -13,12 +13,12 @@ from video_samples import frames_of, make_video
 
 from aiomm.adapters import build_processor
 from aiomm.adapters.qwen_vl import VIDEO_PLACEHOLDER
+from aiomm.cache.item_cache import CacheOutcome
 from aiomm.config import DecodeConfig, EngineConfig, MultiModalConfig
 from aiomm.engine import Engine
 from aiomm.errors import DecodeError, UnknownModalityError, VideoTooLargeError
-from aiomm.item_cache import CacheOutcome
+from aiomm.media.video import clip_from_frames, decode_video
 from aiomm.types import Request
-from aiomm.video import clip_from_frames, decode_video
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 SMALL = {"size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 64}}
@@ -160,7 +160,7 @@ async def test_video_for_an_image_only_adapter_is_refused() -> None:
 
 
 def test_video_item_survives_the_shared_cache_codec() -> None:
-    from aiomm.item_codec import decode_item, encode_item
+    from aiomm.cache.codec import decode_item, encode_item
 
     proc = build_processor("qwen2.5-vl", hf_processor("qwen2.5-vl"))
     clip = decode_video(VIDEO, lambda i: range(4))

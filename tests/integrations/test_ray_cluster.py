@@ -20,8 +20,8 @@ from ray_rows import (
 )
 
 from aiomm.config import EngineConfig
-from aiomm.fetch import FetchConfig
 from aiomm.integrations.ray import ImagePreprocessor
+from aiomm.media.fetch import FetchConfig
 from aiomm.types import Request
 
 

@@ -19,14 +19,14 @@ import PIL.Image
 import PIL.ImageFile
 import pytest
 
-from aiomm.decode import (
+from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError
+from aiomm.media.image import (
     DecodeConfig,
     decode_image,
     image_from_object,
     probe_image,
     probe_image_size,
 )
-from aiomm.errors import DecodeError, ImageTooLargeError, InvalidSourceError
 from aiomm.processing.image_ops import as_tensor_view, padded_pixels
 
 #: a deployment's limit below Pillow's warning threshold (the default is Pillow's bomb limit)
@@ -96,19 +96,19 @@ def test_rgb_jpegs_and_pngs_decode_into_4_byte_pixels(mode: str, fmt: str, mappe
 
 def test_a_photo_is_fed_to_the_decoder_in_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
     # every read the decoder takes lets go of the GIL and must win it back
-    import aiomm.decode
+    import aiomm.media.image
 
     reads: list[int] = []
-    track = aiomm.decode._Source.track
+    track = aiomm.media.image._Source.track
 
     def counting_track(self: Any) -> None:
         track(self)
         read = self.read
         self.read = lambda size=-1: reads.append(size) or read(size)
 
-    monkeypatch.setattr(aiomm.decode._Source, "track", counting_track)
+    monkeypatch.setattr(aiomm.media.image._Source, "track", counting_track)
     # Pillow's decode (TurboJPEG's, which takes the bytes in one call, would read nothing)
-    monkeypatch.setattr(aiomm.decode, "_decode_jpeg_into", lambda data, pixels: False)
+    monkeypatch.setattr(aiomm.media.image, "_decode_jpeg_into", lambda data, pixels: False)
     data = encode(PIL.Image.fromarray(noise(400, 600)), "JPEG", quality=95)
     assert len(data) > 4 * 65536
     assert np.array_equal(decode(data), np.asarray(PIL.Image.open(io.BytesIO(data))))
@@ -122,17 +122,19 @@ def test_the_encoded_bytes_are_freed_without_the_garbage_collector(
     # a reference cycle would keep every image's bytes until the collector's next pass
     import weakref
 
-    import aiomm.decode
+    import aiomm.media.image
 
     sources: list[weakref.ref[Any]] = []
-    track = aiomm.decode._Source.track
+    track = aiomm.media.image._Source.track
 
     def recording_track(self: Any) -> None:
         sources.append(weakref.ref(self))
         track(self)
 
-    monkeypatch.setattr(aiomm.decode._Source, "track", recording_track)
-    monkeypatch.setattr(aiomm.decode, "_decode_jpeg_into", lambda data, pixels: False)  # Pillow's
+    monkeypatch.setattr(aiomm.media.image._Source, "track", recording_track)
+    monkeypatch.setattr(
+        aiomm.media.image, "_decode_jpeg_into", lambda data, pixels: False
+    )  # Pillow's
     data = encode(PIL.Image.fromarray(noise(64, 80)), fmt)
     gc.disable()
     try:
@@ -167,12 +169,14 @@ def test_rgb_jpegs_decoded_by_turbojpeg_equal_pillows_pixels(
 ) -> None:
     """An RGB JPEG is decoded by libjpeg-turbo's TurboJPEG API straight into the 4-byte pixels:
     the same values as Pillow's decode, for every sampling factor and coding option."""
-    import aiomm.decode
+    import aiomm.media.image
 
     taken: list[bool] = []
-    turbo = aiomm.decode._decode_jpeg_into
+    turbo = aiomm.media.image._decode_jpeg_into
     monkeypatch.setattr(
-        aiomm.decode, "_decode_jpeg_into", lambda d, px: taken.append(turbo(d, px)) or taken[-1]
+        aiomm.media.image,
+        "_decode_jpeg_into",
+        lambda d, px: taken.append(turbo(d, px)) or taken[-1],
     )
     h, w = size
     y, x = np.mgrid[0:h, 0:w]
@@ -188,13 +192,13 @@ def test_rgb_jpegs_decoded_by_turbojpeg_equal_pillows_pixels(
 def test_a_jpeg_turbojpeg_complains_about_is_pillows_to_decode_or_refuse() -> None:
     """Strict TurboJPEG refuses data libjpeg only warns about; Pillow then decides, as before:
     trailing garbage after the image decodes as Pillow decodes it, a truncated file is refused."""
-    import aiomm.decode
+    import aiomm.media.image
 
     data = encode(PIL.Image.fromarray(noise(64, 48)), "JPEG", quality=90)
     pixels = np.empty((64, 48, 4), np.uint8)
-    assert aiomm.decode._decode_jpeg_into(data, pixels)
-    assert not aiomm.decode._decode_jpeg_into(data[: len(data) * 2 // 3], pixels)
-    assert not aiomm.decode._decode_jpeg_into(data, np.empty((64, 47, 4), np.uint8))
+    assert aiomm.media.image._decode_jpeg_into(data, pixels)
+    assert not aiomm.media.image._decode_jpeg_into(data[: len(data) * 2 // 3], pixels)
+    assert not aiomm.media.image._decode_jpeg_into(data, np.empty((64, 47, 4), np.uint8))
     # bytes inside the entropy-coded data changed: libjpeg warns, Pillow decodes what it can
     corrupt = bytearray(data)
     corrupt[len(data) // 2 : len(data) // 2 + 8] = b"\xff\x00" * 4
@@ -528,7 +532,7 @@ _PEAK_CASES = [("1", "PNG"), ("L", "PNG"), ("P", "PNG"), ("RGB", "PNG"), ("RGBA"
 
 _PEAK_SCRIPT = """
 import ctypes, gc, io, sys, PIL.Image
-from aiomm.decode import decode_image, probe_image
+from aiomm.media.image import decode_image, probe_image
 
 trim = ctypes.CDLL("libc.so.6").malloc_trim
 
@@ -639,15 +643,16 @@ def test_unsupported_objects(obj: Any) -> None:
 def test_pillow_blocks_are_kept_for_reuse() -> None:
     """The engine raises Pillow's block cache (never lowers it), so decodes reuse memory."""
     from aiomm.config import EngineConfig
-    from aiomm.decode import keep_pillow_blocks
+    from aiomm.tuning import tuned
+    from aiomm.tuning.pillow import keep_pillow_blocks
 
     before = PIL.Image.core.get_blocks_max()
     try:
         assert keep_pillow_blocks(before + 3) == before + 3
         assert keep_pillow_blocks(1) == before + 3  # never lowered
-        assert EngineConfig(transform_threads=3).pillow_blocks_kept() == 12
-        cfg = EngineConfig(decode=DecodeConfig(pillow_blocks_kept=0))
-        assert cfg.pillow_blocks_kept() == 0
+        assert tuned(EngineConfig(transform_threads=3)).decode.pillow_blocks_kept == 12
+        cfg = tuned(EngineConfig(decode=DecodeConfig(pillow_blocks_kept=0)))
+        assert cfg.decode.pillow_blocks_kept == 0  # asked for explicitly: kept
         with pytest.raises(ValueError, match="pillow_blocks_kept"):
             DecodeConfig(pillow_blocks_kept=-1)
     finally:

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import anyio
 import pytest
 
-import aiomm.fetch
+import aiomm.media.fetch
 from aiomm.errors import (
     BlockedAddressError,
     DownloadTooLargeError,
@@ -27,7 +27,7 @@ from aiomm.errors import (
     PathNotAllowedError,
     TooManyRedirectsError,
 )
-from aiomm.fetch import FetchConfig, FetchStatistics, MediaFetcher, address_refusal
+from aiomm.media.fetch import FetchConfig, FetchStatistics, MediaFetcher, address_refusal
 
 # LoopbackServer and the fixtures (server, ok_png, connections, elapsed) live in conftest.py.
 LoopbackServer = Any
@@ -205,7 +205,7 @@ def _fake_getaddrinfo(monkeypatch: pytest.MonkeyPatch, answers: list[list[str]])
             for a in addresses
         ]
 
-    monkeypatch.setattr(aiomm.fetch, "_lookup", getaddrinfo)
+    monkeypatch.setattr(aiomm.media.fetch, "_lookup", getaddrinfo)
     return asked
 
 

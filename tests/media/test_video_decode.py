@@ -1,4 +1,5 @@
-"""aiomm.video: streamed, sampled decode with PyAV; typed errors; the frame and byte budget."""
+"""aiomm.media.video: streamed, sampled decode with PyAV; typed errors; the frame and byte
+budget."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from video_samples import CODECS, decode_all, frames_of, make_video
 
 from aiomm.errors import DecodeError, EmptyVideoError, VideoTooLargeError
-from aiomm.video import VideoInfo, decode_video, probe_video
+from aiomm.media.video import VideoInfo, decode_video, probe_video
 
 FRAMES = frames_of(12, 64, 96)
 

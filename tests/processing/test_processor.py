@@ -21,6 +21,7 @@ from aiomm.errors import (
     UnknownArchitectureError,
     UnknownModalityError,
 )
+from aiomm.media.samples import photo_like
 from aiomm.processing.fields import (
     MultiModalFieldConfig,
     concat_parts,
@@ -28,7 +29,6 @@ from aiomm.processing.fields import (
     split_items,
 )
 from aiomm.processing.processor import MultiModalConfig, check_uint8_exact
-from aiomm.samples import photo_like
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiomm.adapters import build_processor
-from aiomm.decode import decode_image, probe_image
 from aiomm.errors import AiommError, DecodeError, ImageTooLargeError, ProcessingError
+from aiomm.media.image import decode_image, probe_image
 
 MAX_PIXELS = 4 * 2**20
 

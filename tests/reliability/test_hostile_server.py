@@ -24,7 +24,7 @@ from aiomm.errors import (
     InvalidSourceError,
     TooManyRedirectsError,
 )
-from aiomm.fetch import FetchConfig, MediaFetcher
+from aiomm.media.fetch import FetchConfig, MediaFetcher
 
 CAP = 1 << 20
 CONFIG = FetchConfig(

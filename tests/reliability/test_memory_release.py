@@ -8,13 +8,14 @@ import sys
 
 import pytest
 
-from aiomm import memory
+from aiomm.tuning import malloc as memory
 
 _SCRIPT = """
 import anyio, numpy as np, PIL.Image, torch
-from aiomm import Engine, EngineConfig, Request, memory
+from aiomm import Engine, EngineConfig, Request
+from aiomm.tuning import malloc as memory, tuned
 from aiomm.adapters import build_processor
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
@@ -27,7 +28,8 @@ PH = "<|vision_start|><|image_pad|><|vision_end|>"
 
 async def main():
     start = rss()
-    cfg = EngineConfig(device="cpu", transform_threads=2, torch_threads=1, cache_capacity_bytes=0)
+    # the process-wide settings a program that owns its process asks for
+    cfg = tuned(EngineConfig(device="cpu", transform_threads=2, cache_capacity_bytes=0))
     async with Engine(proc, cfg) as first:
         async with Engine(proc, cfg) as second:
             pass  # an engine closing while another is open releases nothing

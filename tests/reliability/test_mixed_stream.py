@@ -20,7 +20,7 @@ from hostile_server import HostileServer, drip, endless, fixed, gzip_bomb, head,
 from aiomm.config import EngineConfig, FetchConfig
 from aiomm.engine import Engine
 from aiomm.errors import AiommError
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 from aiomm.types import Request, Result
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"

@@ -14,8 +14,8 @@ from aiomm import OverloadedError
 from aiomm.config import EngineConfig
 from aiomm.engine import Engine
 from aiomm.errors import ConfigError
-from aiomm.fetch import FetchStatistics
-from aiomm.samples import encode, photo_like
+from aiomm.media.fetch import FetchStatistics
+from aiomm.media.samples import encode, photo_like
 from aiomm.types import Request
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"

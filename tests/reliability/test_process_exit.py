@@ -10,7 +10,7 @@ import time
 import numpy as np
 from fresh_python import run_python
 
-from aiomm.worker_pool import WorkerPool
+from aiomm.engine._worker_pool import WorkerPool
 
 _PROMPT = "<|vision_start|><|image_pad|><|vision_end|> describe"
 

@@ -11,7 +11,7 @@ import anyio.abc
 import anyio.lowlevel
 import pytest
 
-from aiomm.stream import ResultStream
+from aiomm.engine._stream import ResultStream
 from aiomm.types import Request, Result
 
 

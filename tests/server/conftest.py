@@ -16,7 +16,7 @@ pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
 
 from aiomm.server import ServerConfig, create_app  # noqa: E402
-from aiomm.server.http_protocol import RenderHttpProtocol  # noqa: E402
+from aiomm.server.runtime.protocol import RenderHttpProtocol  # noqa: E402
 
 #: the path the fixtures' vLLM server was given: it is part of every mm_hash
 RECORDED_MODEL = "/tmp/vllm-probe/qwen2vl"

@@ -36,11 +36,11 @@ from starlette.testclient import TestClient
 
 from aiomm.adapters import build_processor, get_adapter_info, supported_adapters
 from aiomm.adapters.folders import write_model_folder
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 from aiomm.server import ServerConfig, create_app
 from aiomm.server.data_urls import lift_data_urls
-from aiomm.server.kwargs_codec import Field, TensorValue, decode_item
-from aiomm.server.render import WireForm, model_float_dtype
+from aiomm.vllm.generate_request import WireForm, model_float_dtype
+from aiomm.vllm.wire import Field, TensorValue, decode_item
 
 sys.path.insert(0, str(Path(__file__).parent))  # the upstream stand-in, as test_gateway does
 
@@ -408,7 +408,7 @@ def test_a_short_name_serves_its_offline_folder(
     assert folder.name.startswith("glm-4v-")
     _check_render(out.json(), IMAGES[:1], Reference("glm-4v", folder), "glm-4v")
     assert [m["id"] for m in models] == ["glm-4v"]
-    from aiomm.server.render import vllm_mm_hash
+    from aiomm.vllm.generate_request import vllm_mm_hash
 
     assert out.json()["features"]["mm_hashes"]["image"] == [vllm_mm_hash(IMAGES[0], "glm-4v")]
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from aiomm.server import connection_balance
-from aiomm.server.connection_balance import NOT_SERVING, ConnectionBalance
+from aiomm.server.runtime import balance as connection_balance
+from aiomm.server.runtime.balance import NOT_SERVING, ConnectionBalance
 
 from .conftest import free_port
 
 uvicorn = pytest.importorskip("uvicorn")
 
-from aiomm.server.http_protocol import RenderHttpProtocol  # noqa: E402
+from aiomm.server.runtime.protocol import RenderHttpProtocol  # noqa: E402
 
 
 def test_a_worker_sheds_only_its_surplus() -> None:

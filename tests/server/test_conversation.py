@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from aiomm.server.chat_template import ChatRenderer, _developer_as_system
-from aiomm.server.content import parse_anthropic, parse_chat
-from aiomm.server.errors import ApiError
+from aiomm.vllm.chat_template import ChatRenderer, _developer_as_system
+from aiomm.vllm.content import parse_anthropic, parse_chat
+from aiomm.vllm.errors import ApiError
 
 _CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
 
@@ -133,7 +133,7 @@ class _CountingTokenizer:
 
 
 def test_a_rendered_prompt_seen_before_is_not_tokenized_again() -> None:
-    from aiomm.server.chat_template import RENDERED_TEXT_CHARS_KEPT
+    from aiomm.vllm.chat_template import RENDERED_TEXT_CHARS_KEPT
 
     tokenizer = _CountingTokenizer()
     renderer = ChatRenderer(tokenizer)

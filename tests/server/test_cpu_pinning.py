@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from aiomm.server.cpu_pinning import worker_cpus
+from aiomm.server.runtime.pinning import worker_cpus
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_every_thread_of_the_process_is_pinned_and_new_ones_inherit() -> None:
     code = textwrap.dedent(
         """
         import os, threading
-        from aiomm.server.cpu_pinning import pin_process
+        from aiomm.server.runtime.pinning import pin_process
 
         def tasks():
             return {int(t) for t in os.listdir("/proc/self/task")}

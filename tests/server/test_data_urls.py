@@ -15,8 +15,8 @@ import httpx
 import orjson
 import pytest
 
-from aiomm.server.content import parse_chat
 from aiomm.server.data_urls import LIFT_MIN_CHARS, attach, lift_data_urls
+from aiomm.vllm.content import parse_chat
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import RECORDED_MODEL
@@ -169,8 +169,8 @@ def test_a_render_after_the_encode_pool_closed_is_a_503(
     from starlette.testclient import TestClient
 
     import aiomm.server.render
+    from aiomm.engine._worker_pool import WorkerPool
     from aiomm.server import ServerConfig, create_app
-    from aiomm.worker_pool import WorkerPool
 
     class Closed(WorkerPool):  # the pool of a server that is stopping
         async def run(self, fn: Any, *args: object) -> Any:

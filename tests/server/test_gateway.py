@@ -198,7 +198,7 @@ def test_bodies_are_parsed_as_they_came_whole_or_in_pieces(
 ) -> None:
     import orjson
 
-    import aiomm.server.app
+    import aiomm.server.endpoint
 
     parsed: list[tuple[type, int]] = []
 
@@ -210,7 +210,7 @@ def test_bodies_are_parsed_as_they_came_whole_or_in_pieces(
             parsed.append((type(raw), len(raw)))
             return orjson.loads(raw)
 
-    monkeypatch.setattr(aiomm.server.app, "orjson", Recorder())
+    monkeypatch.setattr(aiomm.server.endpoint, "orjson", Recorder())
     server, _, _ = gateway
     body = json.dumps({"messages": _messages(_png(9, (300, 200)))}).encode()
     url = server.url + "/v1/chat/completions/render"

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from render_compare import differences
 
-from aiomm.server.kwargs_codec import decode_item
+from aiomm.vllm.wire import decode_item
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))

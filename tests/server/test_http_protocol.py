@@ -26,8 +26,8 @@ import pytest
 
 uvicorn = pytest.importorskip("uvicorn")
 
-from aiomm.server import http_protocol  # noqa: E402
-from aiomm.server.http_protocol import (  # noqa: E402
+from aiomm.server.runtime import protocol as http_protocol  # noqa: E402
+from aiomm.server.runtime.protocol import (  # noqa: E402
     DIRECT_WRITE_BYTES,
     DirectWriteTransport,
     RenderHttpProtocol,

@@ -9,12 +9,12 @@ import PIL.Image
 import PIL.ImageOps
 import pytest
 
-from aiomm.decode import decode_image
 from aiomm.errors import DecodeError, ImageTooLargeError
+from aiomm.media.image import decode_image
 from aiomm.processing.image_ops import padded_pixels
-from aiomm.server.kwargs_codec import Field, decode_item, encode_item
-from aiomm.server.media import VllmDecoder, load_image
-from aiomm.server.mm_hash import image_mm_hash
+from aiomm.vllm.media import VllmDecoder, load_image
+from aiomm.vllm.mm_hash import image_mm_hash
+from aiomm.vllm.wire import Field, decode_item, encode_item
 
 MAX = 1 << 26
 

@@ -15,7 +15,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from aiomm.server import ServerConfig, create_app
-from aiomm.server.http_protocol import RenderHttpProtocol
+from aiomm.server.runtime.protocol import RenderHttpProtocol
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import RECORDED_MODEL, LiveServer

@@ -20,9 +20,9 @@ from starlette.testclient import TestClient
 
 from aiomm.errors import EngineClosedError, ItemCountMismatchError, OverloadedError
 from aiomm.server import ServerConfig, create_app
-from aiomm.server.errors import ApiError, from_aiomm_error
-from aiomm.server.request_values import INT64_MAX, flag, lax_bool, lax_float, lax_int
-from aiomm.server.sampling import SamplingDefaults, derive
+from aiomm.vllm.errors import ApiError, from_aiomm_error
+from aiomm.vllm.request_values import INT64_MAX, flag, lax_bool, lax_float, lax_int
+from aiomm.vllm.sampling import SamplingDefaults, derive
 
 CASE = json.loads((Path(__file__).parent / "fixtures" / "chat_jpeg.json").read_text())
 ANTHROPIC = json.loads((Path(__file__).parent / "fixtures" / "messages_anthropic.json").read_text())
@@ -405,7 +405,7 @@ def test_long_prompt_text_is_rendered_off_the_event_loop(
     from transformers import AutoTokenizer
 
     from aiomm.processing.tokenize import LONG_TEXT_CHARS
-    from aiomm.server.chat_template import ChatRenderer
+    from aiomm.vllm.chat_template import ChatRenderer
 
     chat = ChatRenderer(AutoTokenizer.from_pretrained(model_folder))
     threads: list[threading.Thread] = []
@@ -479,7 +479,7 @@ def test_fields_vllm_ignores_or_reads_laxly_render_as_in_vllm(
 
 
 def test_own_fields_copies_a_chat_or_completion_body_only_when_it_drops_a_field() -> None:
-    from aiomm.server.request_fields import own_fields
+    from aiomm.vllm.request_fields import own_fields
 
     body = _chat()
     assert own_fields(body, "chat") is body  # the usual body, on every request: no copy

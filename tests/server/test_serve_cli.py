@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from aiomm.cli import main
-from aiomm.memory import prefer_small_pages
+from aiomm.tuning.malloc import prefer_small_pages
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import RECORDED_MODEL, free_port
@@ -89,9 +89,9 @@ def test_serve_refuses_a_negative_cache_size(model_folder: Path, capsys: Any, va
 
 
 @pytest.mark.parametrize(
-    ("flags", "pretouch"), [((), True), (("--no-cache-pretouch",), False)], ids=["default", "off"]
+    ("flags", "pretouch"), [((), False), (("--cache-pretouch",), True)], ids=["default", "on"]
 )
-def test_serve_pretouches_the_cache_unless_told_not_to(
+def test_serve_pretouches_the_cache_only_when_asked(
     model_folder: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], pretouch: bool
 ) -> None:
     from aiomm.server import ServerConfig
@@ -102,7 +102,9 @@ def test_serve_pretouches_the_cache_unless_told_not_to(
     )
     assert main(["serve", str(model_folder), *flags]) == 0
     assert [c.cache_pretouch for c in served] == [pretouch]
+    assert [c.tuned for c in served] == [True]  # the server owns its process
     assert ServerConfig(model="m").cache_pretouch is False  # an app mounted elsewhere: off
+    assert ServerConfig(model="m").tuned is False
 
 
 def test_serve_drops_the_pretouch_when_the_host_lacks_the_budget(
@@ -303,11 +305,11 @@ def test_serve_workers_start_and_render(model_folder: Path) -> None:
             for name in ("aiomm_cache_capacity_bytes", "aiomm_cache_bytes")
         )
         assert set(capacity) == {2**29} and 0 < max(held) <= 2**29, held
-        # each worker faulted its half in before it served (aiomm serve's default)
+        # the cache grows on demand (pretouching is --cache-pretouch's, tested on its own)
         pretouched = {
             float(text.split("\naiomm_cache_pretouched_bytes ")[1].split()[0]) for text in scraped
         }
-        assert pretouched == {2**29}
+        assert pretouched == {0}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) in (0, -signal.SIGTERM)
         for pid in workers:
@@ -451,7 +453,7 @@ def _thread_cores(pid: str) -> set[frozenset[int]]:
 def test_serve_pins_each_worker_to_its_share_of_the_cores(model_folder: Path) -> None:
     """With ``--pin-workers`` every thread of a worker runs on the worker's own share of the
     cores, a replacement worker on the share of the one it replaces, and the server renders."""
-    from aiomm.server.cpu_pinning import worker_cpus
+    from aiomm.server.runtime.pinning import worker_cpus
 
     proc, url = _start(model_folder, "--workers", "2", "--cache-gb", "0.25", "--pin-workers")
     try:
@@ -530,3 +532,36 @@ def test_serve_workers_even_out_a_pools_connections(model_folder: Path) -> None:
         for client in clients:
             client.close()
         _stop(proc)
+
+
+def test_serve_answers_health_within_seconds_in_little_memory_on_its_defaults(
+    tmp_path: Path,
+) -> None:
+    """``aiomm serve qwen2-vl`` on its defaults: the cache grows on demand (no pretouch), so the
+    server starts in seconds and holds little memory (it used to take 17 s and ~5 GB)."""
+    env = {**os.environ, "AIOMM_CACHE_DIR": str(tmp_path / "cache")}
+    build = "from aiomm.adapters.folders import model_folder; model_folder('qwen2-vl')"
+    subprocess.run([sys.executable, "-P", "-c", build], env=env, check=True)  # a cold folder
+    port = free_port()
+    exe = Path(sys.executable).with_name("aiomm")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [str(exe), "serve", "qwen2-vl", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    try:
+        while time.monotonic() - t0 < 60 and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        started = time.monotonic() - t0
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        rss_kib = int(
+            next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]
+        )
+    finally:
+        _stop(proc)
+    assert started < 10, f"/health after {started:.1f} s"
+    assert rss_kib < 1.5 * 2**20, f"{rss_kib >> 10} MiB resident"

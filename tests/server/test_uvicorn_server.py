@@ -16,7 +16,7 @@ import pytest
 uvicorn = pytest.importorskip("uvicorn")
 sniffio = pytest.importorskip("sniffio")
 
-from aiomm.server.uvicorn_server import ServingServer  # noqa: E402
+from aiomm.server.runtime.settle import ServingServer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import free_port  # noqa: E402

@@ -19,7 +19,8 @@ av = pytest.importorskip("av")
 cv2 = pytest.importorskip("cv2")
 
 from aiomm.errors import DecodeError, EmptyVideoError  # noqa: E402
-from aiomm.server.video_media import (  # noqa: E402
+from aiomm.media.video import decode_video  # noqa: E402
+from aiomm.vllm.video_media import (  # noqa: E402
     hash_metadata,
     probe_video_vllm,
     sample_indices,
@@ -28,7 +29,6 @@ from aiomm.server.video_media import (  # noqa: E402
     sample_indices_qwen3,
     video_loader,
 )
-from aiomm.video import decode_video  # noqa: E402
 
 
 def _clip(
@@ -121,7 +121,7 @@ def _opencv_read(data: bytes, sample: object) -> tuple[int, float, list[int], np
         if not cap.grab() and 0 < visible < total - 1:
             total = visible
     cap.release()
-    from aiomm.video import VideoInfo
+    from aiomm.media.video import VideoInfo
 
     indices = sample(VideoInfo(total, fps, 1, 1))  # type: ignore[operator]
     cap, _buf = _opencv_capture(data, [])
@@ -152,7 +152,7 @@ def test_header_indices_and_frames_equal_opencv(name: str) -> None:
 
 
 def test_sampling_and_metadata_follow_vllm_qwen2_loader() -> None:
-    from aiomm.video import VideoInfo
+    from aiomm.media.video import VideoInfo
 
     # 2 fps, at least 4 frames, a multiple of the temporal patch, never more than the video has
     assert sample_indices(VideoInfo(20, 10.0, 8, 8)) == [0, 5, 10, 15]
@@ -176,7 +176,7 @@ def test_sampling_and_metadata_follow_vllm_qwen2_loader() -> None:
 
 
 def test_sampling_follows_vllm_qwen3_loader() -> None:
-    from aiomm.video import VideoInfo
+    from aiomm.media.video import VideoInfo
 
     # int(total / fps * 2) frames within [4, min(768, total)], rounded linspace: first and last
     # included, no multiple of the temporal patch (the processor pads the last patch)
@@ -197,7 +197,7 @@ def test_sampling_follows_vllm_qwen3_loader() -> None:
 
 
 def test_sampling_follows_vllm_glm4v_loader() -> None:
-    from aiomm.video import VideoInfo
+    from aiomm.media.video import VideoInfo
 
     # (values from vLLM 0.33's DynamicVideoBackend) 2 frames a second at ceil(i * fps / 2),
     # distinct; beyond 300 s, 600 frames evenly over the duration
@@ -229,7 +229,7 @@ def test_bad_videos_are_typed_errors() -> None:
 
 
 def test_the_decoder_probes_each_video_once() -> None:
-    from aiomm.server.media import VllmDecoder
+    from aiomm.vllm.media import VllmDecoder
 
     decoder = VllmDecoder()
     data = _clip(*CLIPS["vp9_webm"])
@@ -240,8 +240,8 @@ def test_the_decoder_probes_each_video_once() -> None:
 
 def test_the_decoder_samples_with_its_loader() -> None:
     from aiomm.errors import ConfigError
-    from aiomm.server.media import VllmDecoder
-    from aiomm.video import VideoInfo
+    from aiomm.media.video import VideoInfo
+    from aiomm.vllm.media import VllmDecoder
 
     info = VideoInfo(20, 10.0, 8, 8)
     assert VllmDecoder(video_loader="qwen3_vl").sample_video(info) == [0, 6, 13, 19]
@@ -255,7 +255,7 @@ def test_the_decoder_samples_with_its_loader() -> None:
 
 
 def test_sampling_follows_vllm_glm46v_loader() -> None:
-    from aiomm.video import VideoInfo
+    from aiomm.media.video import VideoInfo
 
     # (values from vLLM 0.33's GLM46VVideoBackend.compute_frames_index_to_sample; its even-count
     # repeat of the last frame is read once, as its reader reads each index once)

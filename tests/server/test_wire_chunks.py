@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aiomm.server.json_chunks import PiecesString, dumps, dumps_chunks, plain
-from aiomm.server.kwargs_codec import (
+from aiomm.vllm.wire import (
     Field,
     WireRows,
     decode_item,
@@ -118,7 +118,7 @@ def test_encoding_a_qwen_vl_item_makes_no_torch_call_that_releases_the_gil() -> 
     from torch_calls import NO_GIL_RELEASE, torch_calls
 
     from aiomm.adapters import build_processor
-    from aiomm.server.render import WireForm, encode_items
+    from aiomm.vllm.generate_request import WireForm, encode_items
 
     pixels = np.random.default_rng(3).integers(0, 256, (100, 130, 3), dtype=np.uint8)
     items = build_processor("qwen2-vl").process_items({"image": [pixels]}, {})["image"]
@@ -141,7 +141,7 @@ def test_wire_rows_shape_keeps_the_row_width_when_empty() -> None:
 
 def test_bfloat16_repeated_rows_go_blockwise_with_their_own_bytes() -> None:
     from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem, Repeat
-    from aiomm.server.render import WireForm, encode_items
+    from aiomm.vllm.generate_request import WireForm, encode_items
 
     compact = torch.randn(300, 2 * 7).to(torch.bfloat16)
     config = MultiModalFieldConfig.flat_from_sizes("image", [300], repeat=(2, 2))
@@ -196,8 +196,8 @@ def test_request_features_send_timestamps_as_the_models_vllm_processor_does(
 ) -> None:
     from aiomm.adapters import build_processor
     from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
-    from aiomm.server.render import WireForm, generate_request_features
     from aiomm.types import Result
+    from aiomm.vllm.generate_request import WireForm, generate_request_features
 
     rows = torch.zeros(4, 6)
     config = MultiModalFieldConfig.flat_from_sizes("video", [4])
@@ -334,7 +334,7 @@ def test_a_client_that_leaves_stops_the_making_of_the_rest() -> None:
 
 
 def test_a_large_contiguous_tensor_is_made_in_blocks_without_small_pieces() -> None:
-    from aiomm.server.kwargs_codec import _BLOCK_BYTES
+    from aiomm.vllm.wire import _BLOCK_BYTES
 
     tensor = torch.from_numpy(np.random.default_rng(5).integers(0, 256, 3_000_001, np.uint8))
     entries = {"pixel_values": (tensor.to(torch.bfloat16), FLAT)}

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from aiomm.server.kwargs_codec import TensorValue, decode_item
+from aiomm.vllm.wire import TensorValue, decode_item
 
 TOP_LEVEL = {
     "request_id": str,

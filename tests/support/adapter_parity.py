@@ -39,8 +39,8 @@ from aiomm.adapters.glm import GlmVMultiModalProcessor
 from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
 from aiomm.adapters.qwen_vl import QwenVLProcessor
+from aiomm.media.samples import photo_like
 from aiomm.processing.processor import MultiModalConfig
-from aiomm.samples import photo_like
 
 __all__ = ("FAMILIES", "Family", "Reference", "cases", "check_case", "family_of", "prompt_text")
 

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from aiomm.decode import DecodeConfig
-from aiomm.stages import PillowDecoder
+from aiomm.engine.stages import PillowDecoder
+from aiomm.media.image import DecodeConfig
 
 
 class CountingDecoder(PillowDecoder):

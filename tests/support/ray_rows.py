@@ -16,7 +16,7 @@ import torch
 from aiomm import adapters
 from aiomm.config import EngineConfig
 from aiomm.engine import Engine
-from aiomm.samples import encode, photo_like
+from aiomm.media.samples import encode, photo_like
 from aiomm.types import Request, Result
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from aiomm.server.kwargs_codec import decode_item
+from aiomm.vllm.wire import decode_item
 
 __all__ = ("differences", "feature_differences")
 

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 
 from aiomm import CacheOutcome, Engine, EngineConfig, Request
+from aiomm.tuning import tuned
 
 from ..loadgen import Done, closed_loop, drive, measured
 from ..measure import Meter, pinned
@@ -152,12 +153,14 @@ def aiomm_server(
 ) -> Callable[[], AiommServer]:
     """A factory of aiomm servers, each with a fresh engine (empty cache, zeroed counters)."""
     kwargs = {} if cache else {"cache_capacity_bytes": 0}
-    config = EngineConfig(
-        transform_threads=threads,
-        max_in_flight=max_in_flight,
-        torch_threads=1,
-        device=device,
-        **kwargs,
+    config = tuned(
+        EngineConfig(
+            transform_threads=threads,
+            max_in_flight=max_in_flight,
+            torch_threads=1,
+            device=device,
+            **kwargs,
+        )
     )
     return lambda: AiommServer(wl, processor, config, max_in_flight, queue_bound)
 

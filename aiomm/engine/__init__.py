@@ -1,0 +1,11 @@
+"""The async engine: :class:`Engine` composes the stages (:mod:`.stages`) for a request
+(``_pipeline``), owns their lifecycle, the transform's worker threads (``_worker_pool``), the
+decoded-bytes budget (``_byte_budget``) and the bounded :class:`ResultStream` of
+:meth:`Engine.stream`."""
+
+from ._engine import Engine as Engine
+from ._engine import EngineStats as EngineStats
+from ._engine import LimiterStats as LimiterStats
+from ._stream import ResultStream as ResultStream
+
+__all__ = ("Engine", "EngineStats", "LimiterStats", "ResultStream")

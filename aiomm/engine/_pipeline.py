@@ -1,0 +1,231 @@
+"""The pipeline: composes the stages for one request (the only module that knows them all).
+
+``load -> hash -> cache (-> transform on a miss)`` runs per item (image or video), concurrently
+for a request's items; ``assemble -> output`` runs once per request. Admission happens in the
+engine, before a request enters. Errors are typed and carry the request id (and the item index
+where one item failed); a request's other items are cancelled with it, other requests go on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from aiomm.cache.item_cache import CacheOutcome
+from aiomm.engine.stages import (
+    AssembleStage,
+    CacheStage,
+    HashStage,
+    LoadStage,
+    OutputStage,
+    TransformStage,
+)
+from aiomm.engine.stages.load import is_in_memory
+from aiomm.errors import AiommError, ProcessingError, UnknownModalityError, first_error
+from aiomm.processing.fields import MultiModalKwargsItem
+from aiomm.types import Request, Result
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ("Pipeline",)
+
+
+@dataclass
+class _Item:
+    """One item's way through the per-item stages."""
+
+    item: MultiModalKwargsItem | None = None
+    key: str = ""
+    #: the supplied or computed id (``Result.item_ids``)
+    id: str = ""
+    outcome: CacheOutcome = CacheOutcome.UNCACHED
+
+
+class Pipeline:
+    """Runs one request through the stages; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        load: LoadStage,
+        hash: HashStage,
+        cache: CacheStage,
+        transform: TransformStage,
+        assemble: AssembleStage,
+        output: OutputStage,
+        return_items: bool = False,
+    ) -> None:
+        self.load = load
+        self.hash = hash
+        self.cache = cache
+        self.transform = transform
+        self.assemble = assemble
+        self.output = output
+        self.return_items = return_items
+        self.stages = (load, hash, cache, transform, assemble, output)
+
+    async def run(
+        self, rid: str, request: Request, timings: dict[str, float], *, device: bool = True
+    ) -> Result:
+        """Process ``request`` (already admitted); ``device=False`` skips the device stage.
+
+        :raises AiommError: the first typed error of an item or a stage, with ``rid`` (and the
+            item's index) attached; an unexpected exception becomes a ``ProcessingError``.
+        """
+        try:
+            return await self._run(rid, request, timings, device)
+        except AiommError as exc:
+            exc.with_context(request_id=rid)
+            raise
+
+    async def _run(
+        self, rid: str, request: Request, timings: dict[str, float], device: bool
+    ) -> Result:
+        kwargs = dict(request.mm_processor_kwargs or {})
+        self.transform.processor.validate_hf_kwargs(kwargs)
+        videos = list(request.videos)
+        if videos and "video" not in self.transform.processor.supported_modalities:
+            raise UnknownModalityError("video", self.transform.processor.supported_modalities)
+        prompt_ids = self.assemble.prompt_ids(request)
+        n_images = len(request.images)
+        # a request's items: its images, then its videos (``item_index`` counts across both)
+        sources = [*request.images, *videos]
+        n = len(sources)
+        trusted = self.cache.trust_supplied_hashes
+        hashes: Sequence[str | None] = [
+            *((trusted and request.image_hashes) or [None] * n_images),
+            *((trusted and request.video_hashes) or [None] * len(videos)),
+        ]
+        items = [_Item() for _ in range(n)]
+        item_timings: list[dict[str, float]] = [{} for _ in range(n)]
+
+        async def one(i: int) -> None:
+            kind = "image" if i < n_images else "video"
+            try:
+                await self._load_item(
+                    kind, sources[i], hashes[i], request.tenant, kwargs, items[i], item_timings[i]
+                )
+            except AiommError as exc:
+                exc.with_context(request_id=rid, item_index=i)
+                raise
+            except Exception as exc:
+                raise ProcessingError(
+                    f"internal error while processing {kind} {i}: {type(exc).__name__}: {exc}"
+                ).with_context(request_id=rid, item_index=i) from exc
+
+        if n == 1:
+            await one(0)  # no task group for the common single-image request
+        elif n:
+            try:
+                async with anyio.create_task_group() as tg:
+                    for i in range(n):
+                        tg.start_soon(one, i)
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
+        for item_timing in item_timings:
+            for stage, seconds in item_timing.items():
+                timings[stage] = timings.get(stage, 0.0) + seconds
+
+        t = time.perf_counter()
+        loaded = [it.item for it in items]
+        assert all(item is not None for item in loaded)
+        processed = self.assemble.assemble(
+            prompt_ids,
+            loaded[:n_images],  # type: ignore[arg-type]
+            kwargs,
+            videos=loaded[n_images:],  # type: ignore[arg-type]
+        )
+        timings["assemble"] = time.perf_counter() - t
+
+        merged: dict[str, Any] = {}
+        if not device or not self.return_items:
+            # host rows (device=False) are merged in a worker thread even with return_items
+            t = time.perf_counter()
+            merged = await (self.output.run if device else self.output.run_host)(processed)
+            timings["device"] = time.perf_counter() - t
+        return Result(
+            request_id=rid,
+            prompt_token_ids=processed.prompt_token_ids,
+            mm_placeholders=processed.mm_placeholders,
+            mm_kwargs=merged,
+            item_hashes=[it.key for it in items],
+            item_ids=[it.id for it in items],
+            items=list(loaded) if self.return_items else [],  # type: ignore[arg-type]
+            cache=[it.outcome for it in items],
+            timings=timings,
+            fidelity=self.transform.fidelity,
+        )
+
+    async def _load_item(
+        self,
+        kind: str,
+        source: Any,
+        supplied_id: str | None,
+        tenant: str | None,
+        kwargs: Mapping[str, Any],
+        out: _Item,
+        timings: dict[str, float],
+    ) -> None:
+        """One image or video: fetched, identified, looked up, transformed on a miss. A video's
+        key is in a namespace of its own (its bytes never share an image's entry), and holds the
+        processor kwargs (the sampling parameters among them)."""
+        cache = self.cache
+        namespace = "" if kind == "image" else "video:"
+        if supplied_id is not None:
+            # An id given by the client keys the item: a hit in any tier skips even the
+            # download, so the download is part of the computation.
+            out.id = supplied_id
+            out.key = cache.key(namespace + supplied_id, kwargs, supplied=True, tenant=tenant)
+            hit = cache.lookup(out.key)
+            if hit is not None:
+                out.item, out.outcome = hit, CacheOutcome.HIT
+                return
+
+            async def load_and_compute() -> MultiModalKwargsItem:
+                raw = await self._fetch(source, timings)
+                if is_in_memory(raw):
+                    raw, _ = await self._hash(kind, raw, timings)  # converted here
+                return await self._compute(kind, raw, kwargs, timings)
+
+            t = time.perf_counter()
+            out.item, out.outcome = await cache.get_or_compute(out.key, load_and_compute)
+            timings["cache_and_compute"] = time.perf_counter() - t
+            return
+
+        raw, out.id = await self._hash(kind, await self._fetch(source, timings), timings)
+        out.key = cache.key(namespace + out.id, kwargs)
+
+        async def compute() -> MultiModalKwargsItem:
+            return await self._compute(kind, raw, kwargs, timings)
+
+        t = time.perf_counter()
+        out.item, out.outcome = await cache.get_or_compute(out.key, compute)
+        timings["cache_and_compute"] = time.perf_counter() - t
+
+    async def _compute(
+        self, kind: str, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
+    ) -> MultiModalKwargsItem:
+        if kind == "image":
+            return await self.transform.compute(raw, kwargs, timings)
+        return await self.transform.compute_video(raw, kwargs, timings)
+
+    async def _fetch(self, source: Any, timings: dict[str, float]) -> Any:
+        t = time.perf_counter()
+        raw = await self.load.load(source)
+        timings["fetch"] = time.perf_counter() - t
+        return raw
+
+    async def _hash(self, kind: str, raw: Any, timings: dict[str, float]) -> tuple[Any, str]:
+        t = time.perf_counter()
+        if kind == "image":
+            raw, item_id = await self.hash.hash(raw)
+        else:
+            raw, item_id = await self.hash.hash_video(raw)
+        timings["hash"] = time.perf_counter() - t
+        return raw, item_id

@@ -1,0 +1,403 @@
+"""vLLM 0.33's ``GenerateRequest`` and its ``features``, written from an engine result: what
+``vllm launch render`` answers and ``vllm serve --tokens-only`` takes at
+``/inference/v1/generate``. Used by the render server and by the Ray stage.
+
+Each item is written in vLLM's msgpack layout (:mod:`.wire`) as vLLM's multimodal processor for
+the model shapes it (:class:`WireForm`: which keys, their names, their flat slices, the fields
+kept on the CPU and sent again as ``mm_metadata``); :func:`vllm_mm_hash` is vLLM's mm_hash of an
+image's encoded bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+
+from aiomm.adapters import hf_class_name
+from aiomm.engine._ids import random_hex
+from aiomm.processing.fields import (
+    FieldKind,
+    MultiModalFieldConfig,
+    MultiModalKwargsItem,
+    PaddedImageField,
+)
+from aiomm.processing.image_ops import numpy_copyable
+from aiomm.types import Result
+from aiomm.vllm.errors import ApiError
+from aiomm.vllm.media import vllm_mm_hash
+from aiomm.vllm.request_values import flag, lax_bool, lax_int
+from aiomm.vllm.video_media import video_loader
+from aiomm.vllm.wire import (
+    Field,
+    PiecesString,
+    WireRows,
+    encode_item_lazy,
+    encode_item_pieces,
+)
+
+__all__ = (
+    "WireForm",
+    "encode_items",
+    "generate_request",
+    "generate_request_features",
+    "model_float_dtype",
+    "place_payload",
+    "vllm_mm_hash",
+)
+
+
+#: keys vLLM keeps on the CPU (sent again as ``mm_metadata``)
+_KEEP_ON_CPU = frozenset(
+    {
+        "image_grid_thw",
+        "video_grid_thw",
+        "second_per_grid_ts",
+        "timestamps",
+        "image_num_patches",
+        "image_token_id",
+    }
+)
+
+
+#: wire order of an item's keys (vLLM's with PYTHONHASHSEED=0); other keys follow
+_KEY_ORDER = (
+    "image_token_id",
+    "image_num_patches",
+    "pixel_values_flat",
+    "timestamps",
+    "pixel_values",
+    "image_grid_thw",
+    "second_per_grid_ts",
+    "video_grid_thw",
+    "pixel_values_videos",
+)
+
+
+_MODEL_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def model_float_dtype(folder: str | Path) -> torch.dtype | None:
+    """The dtype vLLM casts an item's floating-point tensors to (``model_config.dtype`` with
+    ``--dtype auto``: the folder's ``torch_dtype``); None when the config names none."""
+    try:
+        config = orjson.loads((Path(folder) / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    name = config.get("torch_dtype") or config.get("dtype")
+    if name is None and isinstance(config.get("text_config"), dict):
+        name = config["text_config"].get("torch_dtype") or config["text_config"].get("dtype")
+    return _MODEL_DTYPES.get(str(name)) if name else None
+
+
+#: keys an HF processor returns that vLLM's processor for it drops (absent from its fields
+#: config), by HF processor class: Mistral 3's items carry only ``pixel_values``
+_DROPPED_KEYS: dict[str, frozenset[str]] = {"PixtralProcessor": frozenset({"image_sizes"})}
+
+
+#: keys vLLM's processor names otherwise, by HF processor class: the InternVL-style processors
+#: (Llama Nemotron VL) send their tiles as ``pixel_values_flat``
+_RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "NemotronVLReference": {"pixel_values": "pixel_values_flat"}
+}
+
+
+#: the processors whose items carry the image token's id as a ``shared`` field kept on the CPU
+#: (vLLM's InternVL-style processors: the model picks the embedding positions with it), by HF
+#: processor class: the adapter attribute holding the id
+_TOKEN_ID_FIELD: dict[str, str] = {"NemotronVLReference": "img_context_id"}
+
+
+@dataclass(frozen=True)
+class WireForm:
+    """How vLLM 0.33's render server writes a model's items, which its multimodal processor
+    decides (:meth:`of` a processor)."""
+
+    #: each video item's flat fields describe only its own rows: vLLM's Qwen3-VL processes the
+    #: videos one at a time (images are always processed in one call, so an image item's
+    #: slices describe the request's whole image batch)
+    per_video_slices: bool = False
+    #: an item's prompt timestamps are sent as its ``timestamps`` field (Qwen3-VL's video items;
+    #: GLM-4V's keep them in the prompt only)
+    timestamps_field: bool = True
+    #: keys the HF processor returns that vLLM's drops (:data:`_DROPPED_KEYS`)
+    dropped_keys: frozenset[str] = frozenset()
+    #: keys vLLM names otherwise (:data:`_RENAMED_KEYS`)
+    renamed_keys: Mapping[str, str] = field(default_factory=dict)
+    #: an image item's ``image_token_id`` (a ``shared`` int64 scalar kept on the CPU, batch size
+    #: the request's images), as vLLM's InternVL-style items carry it; None: no such field
+    image_token_id: int | None = None
+
+    @classmethod
+    def of(cls, processor: Any) -> WireForm:
+        """The wire form of ``processor``'s items (an aiomm adapter)."""
+        loader = video_loader(hf_class_name(getattr(processor, "video_processor", None)))
+        qwen3 = loader == "qwen3_vl"
+        family = hf_class_name(getattr(processor, "hf_processor", None))
+        token_attribute = _TOKEN_ID_FIELD.get(family)
+        return cls(
+            per_video_slices=qwen3,
+            timestamps_field=qwen3 or loader is None,
+            dropped_keys=_DROPPED_KEYS.get(family, frozenset()),
+            renamed_keys=_RENAMED_KEYS.get(family, {}),
+            image_token_id=None
+            if token_attribute is None
+            else int(getattr(processor, token_attribute)),
+        )
+
+
+def generate_request_features(
+    result: Result,
+    hashes: Sequence[str] | Mapping[str, Sequence[str]],
+    *,
+    wire: WireForm | None = None,
+    tensors: bool = True,
+    float_dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
+    """vLLM's ``GenerateRequest.features`` of an engine result made with
+    ``EngineConfig(return_items=True)``: ``hashes`` are the items' mm_hashes (:func:`vllm_mm_hash`
+    or the client's; a sequence for images, or a mapping per modality), ``tensors=False`` leaves
+    the payload out, ``wire`` and ``float_dtype`` as :func:`encode_items` (``wire``: the
+    model's, :meth:`WireForm.of` its processor). JSON-ready (plain strings)."""
+    per_modality = {"image": hashes} if not isinstance(hashes, Mapping) else hashes
+    per_modality = {m: list(h) for m, h in per_modality.items() if h}
+    features: dict[str, Any] = {
+        "mm_hashes": per_modality,
+        "mm_placeholders": {
+            m: [{"offset": r.offset, "length": r.length} for r in result.mm_placeholders.get(m, [])]
+            for m in per_modality
+        },
+        "kwargs_data": None,
+        "mm_metadata": None,
+    }
+    if tensors:
+        kwargs_data, metadata = encode_items(
+            result.items, wire or WireForm(), float_dtype=float_dtype
+        )
+        place_payload(
+            features,
+            result.items,
+            [str(k) for k in kwargs_data],
+            [None if m is None else str(m) for m in metadata],
+        )
+    return features
+
+
+def place_payload(
+    features: dict[str, Any],
+    items: Sequence[MultiModalKwargsItem],
+    kwargs_data: Sequence[Any],
+    metadata: Sequence[Any],
+) -> None:
+    """``features``' ``kwargs_data`` and ``mm_metadata`` per modality, as vLLM writes them: a
+    modality whose items have no metadata is left out of ``mm_metadata``, which is null when
+    none has any."""
+    features["kwargs_data"], features["mm_metadata"] = {}, {}
+    for modality in features["mm_hashes"]:
+        picked = [i for i, item in enumerate(items) if item.modality == modality]
+        features["kwargs_data"][modality] = [kwargs_data[i] for i in picked]
+        if any(metadata[i] is not None for i in picked):
+            features["mm_metadata"][modality] = [metadata[i] for i in picked]
+    features["mm_metadata"] = features["mm_metadata"] or None
+
+
+def generate_request(
+    token_ids: list[int],
+    features: dict[str, Any] | None,
+    *,
+    model: str | None,
+    sampling_params: dict[str, Any],
+    request_id: str | None = None,
+    parse_context: dict[str, Any] | None = None,
+    body: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``GenerateRequest`` body for ``/inference/v1/generate`` (``vllm serve --tokens-only``),
+    with vLLM 0.33's top-level keys; ``body`` is the client request it renders (stream, cache
+    salt, priority and KV-transfer options come from it).
+
+    :raises ApiError: the body's ``stream`` or ``priority`` of the wrong type.
+    """
+    body = body or {}
+    stream = flag(body, "stream", False)
+    salt = body.get("cache_salt")
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise ApiError("'cache_salt' must be a non-empty string if given", param="cache_salt")
+    if salt is not None and (len(salt) > 128 or any(c in salt for c in "@/\\\0")):
+        # vLLM's rule: a salt names cache entries, in keys that these characters delimit
+        raise ApiError(
+            "'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\' "
+            "or NUL",
+            param="cache_salt",
+        )
+    kv_params = body.get("kv_transfer_params")
+    if kv_params is not None and not isinstance(kv_params, dict):
+        raise ApiError("'kv_transfer_params' must be an object", param="kv_transfer_params")
+    return_ids = body.get("return_token_ids")
+    ec_params = body.get("ec_transfer_params")
+    if ec_params is not None and not isinstance(ec_params, dict):
+        raise ApiError("'ec_transfer_params' must be an object", param="ec_transfer_params")
+    return {
+        "request_id": request_id or f"aiomm-{random_hex(8)}",
+        "token_ids": token_ids,
+        "token_offsets": None,
+        "features": features,
+        "content_parts": None,
+        "sampling_params": sampling_params,
+        "model": model,
+        "reasoning_ended": None,
+        "reasoning_parser_kwargs": None,
+        "return_token_ids": None
+        if return_ids is None
+        else lax_bool(return_ids, "return_token_ids"),
+        "output_mode": "tokens",
+        "parse_context": parse_context,
+        "stream": stream,
+        "stream_options": _stream_options(body.get("stream_options"), stream),
+        "cache_salt": salt,
+        "priority": 0 if body.get("priority") is None else lax_int(body["priority"], "priority"),
+        "kv_transfer_params": kv_params or None,  # vLLM hoists only a non-empty one
+        "ec_transfer_params": ec_params or None,
+    }
+
+
+def _stream_options(value: Any, stream: bool) -> dict[str, bool | None] | None:
+    """vLLM's ``StreamOptions`` of a request, both flags written (an explicit null kept);
+    non-empty ones only with ``stream``, and none at all without it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError("'stream_options' must be an object", param="stream_options")
+    if value and not stream:
+        raise ApiError(
+            "Stream options can only be defined when `stream=True`", param="stream_options"
+        )
+    if not stream:
+        return None
+    return {key: _nullable_flag(value, key) for key in ("include_usage", "continuous_usage_stats")}
+
+
+def _nullable_flag(value: Mapping[str, Any], key: str) -> bool | None:
+    if key in value and value[key] is None:
+        return None
+    return flag(value, key, False)
+
+
+def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype | None) -> Any:
+    """``item[key]`` as vLLM's item holds it (repeated rows as a view the codec expands)."""
+    value = item.data[key]
+    config = item.fields[key]
+    # dtype attributes and numpy views, not torch calls: each torch call releases the GIL
+    # (aiomm.processing.image_ops' module docstring), and this runs once per item and response
+    if (
+        float_dtype is not None
+        and isinstance(value, torch.Tensor)
+        and value.dtype.is_floating_point
+        and value.dtype != float_dtype
+    ):
+        value = value.to(float_dtype)  # as vLLM's processor output (BatchFeature's rule)
+    if isinstance(value, torch.Tensor) and config.repeat is not None:
+        # the layout is the field's (Repeat.expand_array); the codec writes it blockwise. numpy
+        # has no bfloat16: its words go as int16, the bytes are the same
+        raw = value.view(torch.int16) if value.dtype == torch.bfloat16 else value
+        if numpy_copyable(raw):
+            name = str(value.dtype).removeprefix("torch.")
+            return WireRows(config.repeat.expand_array(raw.numpy()), name)
+        return config.repeat.expand(value).reshape(value.shape[0], -1)
+    return value
+
+
+def _field(key: str, config: Any, slices: list[Any]) -> Field:
+    keep = key in _KEEP_ON_CPU
+    if isinstance(config, PaddedImageField):
+        # an item holds its own unpadded image: vLLM's processors unpad (Mistral 3, Pixtral)
+        # and batch them
+        return Field("batched", {"keep_on_cpu": keep})
+    kind = config.kind if isinstance(config, MultiModalFieldConfig) else FieldKind.FLAT
+    if kind is FieldKind.BATCHED:
+        return Field("batched", {"keep_on_cpu": keep})
+    if kind is FieldKind.SHARED:
+        return Field("shared", {"keep_on_cpu": keep, "batch_size": config.batch_size})
+    return Field("flat", {"keep_on_cpu": keep, "slices": slices, "dim": 0})
+
+
+def encode_items(
+    items: Sequence[MultiModalKwargsItem],
+    wire: WireForm,
+    *,
+    float_dtype: torch.dtype | None = None,
+    lazy: bool = False,
+) -> tuple[list[PiecesString], list[PiecesString | None]]:
+    """vLLM's ``kwargs_data`` and ``mm_metadata`` strings of a request's items, each as the
+    base64 pieces the response writer sends without joining them (CPU work: call it in a
+    worker thread); an item's metadata is None when it has no field kept on the CPU. ``wire``:
+    the model's :class:`WireForm`. ``float_dtype``: floating-point tensors are cast to it
+    (vLLM's model dtype). ``lazy``: ``kwargs_data``'s pieces are made as they are read
+    (:class:`~.kwargs_codec.ItemB64`, from the items' tensors, which must stay unchanged).
+
+    A flat field's slices describe the whole batch its item was processed in (every item of
+    the batch carries all of them, as vLLM's do): the request's images are one batch; its
+    videos too, or each its own with ``wire.per_video_slices`` (recorded from vLLM: two Qwen3-VL
+    videos each carry ``[[[0, rows, None]]]``, two images ``[[[0, a, None]], [[a, b, None]]]``).
+    """
+    batches: list[list[int]] = [[], []]  # images and others, videos
+    for i, item in enumerate(items):
+        if wire.per_video_slices and item.modality == "video":
+            batches.append([i])
+        else:
+            batches[item.modality == "video"].append(i)
+    slices: list[dict[str, list[Any]]] = [{}] * len(items)
+    batch_sizes = [0] * len(items)
+    for batch in batches:
+        batch_slices = _flat_slices([items[i] for i in batch])
+        for i in batch:
+            slices[i], batch_sizes[i] = batch_slices, len(batch)
+    kwargs_data: list[PiecesString] = []
+    metadata: list[PiecesString | None] = []
+    for item, item_slices, batch_size in zip(items, slices, batch_sizes, strict=True):
+        keys = [k for k in item.data if k not in wire.dropped_keys]
+        names = {k: wire.renamed_keys.get(k, k) for k in keys}
+        values = {names[k]: _wire_value(k, item, float_dtype) for k in keys}
+        fields = {names[k]: _field(names[k], item.fields[k], item_slices.get(k, [])) for k in keys}
+        if wire.image_token_id is not None and item.modality == "image":
+            values["image_token_id"] = torch.tensor(wire.image_token_id)
+            fields["image_token_id"] = Field(
+                "shared", {"keep_on_cpu": True, "batch_size": batch_size}
+            )
+        seconds = item.prompt_data.get("timestamps")
+        if seconds is not None and wire.timestamps_field:
+            # Qwen3-VL: vLLM's video item carries its prompt's timestamps (a batched field)
+            values["timestamps"] = [float(s) for s in seconds]
+            fields["timestamps"] = Field("batched", {"keep_on_cpu": True})
+        entries = {k: (values[k], fields[k]) for k in _ordered(values)}
+        kwargs_data.append(
+            PiecesString(encode_item_lazy(entries) if lazy else encode_item_pieces(entries))
+        )
+        meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
+        metadata.append(PiecesString(encode_item_pieces(meta)) if meta else None)
+    return kwargs_data, metadata
+
+
+def _flat_slices(items: Sequence[MultiModalKwargsItem]) -> dict[str, list[Any]]:
+    """Per flat key, the slices of one batch's items that have it (an image has no video
+    keys), in vLLM's nested form ``[[start, stop, None]]`` per item."""
+    slices: dict[str, list[Any]] = {}
+    starts: dict[str, int] = {}
+    for item in items:
+        for key, value in item.data.items():
+            config = item.fields[key]
+            if isinstance(config, MultiModalFieldConfig) and config.kind is not FieldKind.FLAT:
+                continue
+            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else 1
+            start = starts.get(key, 0)
+            slices.setdefault(key, []).append([[start, start + rows, None]])
+            starts[key] = start + rows
+    return slices
+
+
+def _ordered(keys: Any) -> list[str]:
+    first = [k for k in _KEY_ORDER if k in keys]
+    return first + [k for k in keys if k not in first]
