@@ -12,8 +12,8 @@ normalisation, a tokenizer call the snapshot cannot answer), so every path still
 processor's results.
 
 A snapshot is used only under the transformers and tokenizers versions it was taken with. Under
-other versions the first start builds the HF processor and keeps its snapshot in a cache folder
-(:func:`cache_dir`), which the next starts use.
+other versions the first start builds the HF processor and keeps its snapshot in aiomm's cache
+folder (:func:`aiomm.adapters.folders.default_cache_dir`), which the next starts use.
 """
 
 from __future__ import annotations
@@ -39,11 +39,9 @@ __all__ = (
     "StoredImageProcessor",
     "StoredTokenizer",
     "build_store",
-    "cache_dir",
     "hf_class_name",
     "offline_hf_processor",
     "snapshot",
-    "user_cache_dir",
 )
 
 log = get_logger(__name__)
@@ -253,27 +251,17 @@ def _load_store() -> dict[str, Any] | None:
     return json.loads(STORE.read_text()) if STORE.is_file() else None
 
 
-def cache_dir() -> Path | None:
-    """Where snapshots taken under other library versions than the shipped ones are kept:
-    ``$AIOMM_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiomm`` (``~/.cache/aiomm``); an empty
-    ``AIOMM_CACHE_DIR`` keeps none."""
-    given = os.environ.get("AIOMM_CACHE_DIR")
-    if given is not None:
-        return Path(given) if given else None
-    return user_cache_dir()
-
-
-def user_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/aiomm`` (``~/.cache/aiomm``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aiomm"
-
-
 def _cache_file(key: str, versions: Mapping[str, str]) -> Path | None:
-    root = cache_dir()
-    if root is None:
+    """Where the snapshot of ``key`` taken under ``versions`` is kept: ``processors/`` in
+    aiomm's cache folder (:func:`aiomm.adapters.folders.default_cache_dir`); None (none kept)
+    when ``AIOMM_CACHE_DIR`` is set but empty."""
+    if os.environ.get("AIOMM_CACHE_DIR") == "":
         return None
+    # imported here: folders imports the registry, which imports this module
+    from aiomm.adapters._cache_dir import default_cache_dir
+
     tag = "-".join(f"{name}{versions[name]}" for name in _VERSIONED)
-    return root / "processors" / tag / f"{key.replace('/', '--')}.json"
+    return default_cache_dir() / "processors" / tag / f"{key.replace('/', '--')}.json"
 
 
 def _remember(path: Path, hf_processor: Any) -> None:
@@ -291,7 +279,7 @@ def _remember(path: Path, hf_processor: Any) -> None:
 def offline_hf_processor(key: str, build: Callable[[], Any]) -> Any | None:
     """The offline reference processor ``key`` (``"<short name>/<backend>"``) for the store's
     architectures: a :class:`StoredHFProcessor` of the shipped snapshot when the installed
-    versions are the store's, else of the snapshot in :func:`cache_dir`, else ``build()``'s
+    versions are the store's, else of the snapshot kept in aiomm's cache folder, else ``build()``'s
     processor itself, whose snapshot is kept for the next start. None for other keys.
     """
     store = _load_store()

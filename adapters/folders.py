@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiomm.adapters._stored import cache_dir, user_cache_dir
+from aiomm.adapters._cache_dir import default_cache_dir
 from aiomm.adapters.registry import get_adapter_info
 from aiomm.errors import ConfigError
 
@@ -533,13 +533,6 @@ def pin_tokenizer(folder: Path, tokenizer: Any) -> None:
     config = json.loads(config_file.read_text())
     config["auto_map"] = {"AutoTokenizer": [None, f"{_TOKENIZER_MODULE}.OfflineTokenizer"]}
     config_file.write_text(json.dumps(config, indent=2) + "\n")
-
-
-def default_cache_dir() -> Path:
-    """aiomm's cache folder (:func:`aiomm.adapters._stored.cache_dir`); where an empty
-    ``AIOMM_CACHE_DIR`` keeps no processor snapshots, model folders still need one: the
-    user's cache folder."""
-    return cache_dir() or user_cache_dir()
 
 
 def model_folder(name: str, cache_dir: str | Path | None = None) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import urllib.parse
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -118,8 +119,21 @@ class FetchConfig:
     allow_private_addresses: bool = False
     #: networks always allowed (strings are parsed), e.g. ``("10.1.0.0/16",)`` for an internal CDN
     allowed_networks: tuple[IPNetwork, ...] = ()
-    #: local paths and ``file:`` URLs are read only under this directory; None refuses them all
+    #: host names an ``http(s)`` URL (and each redirect's target) may name, compared exactly
+    #: and case-insensitively, as vLLM's ``--allowed-media-domains`` does; empty: any host. The
+    #: address policy above still applies to the hosts listed
+    allowed_media_domains: tuple[str, ...] = ()
+    #: local paths and ``file:`` URLs are read only under this directory (symlinks resolved);
+    #: None refuses them all unless ``allowed_local_paths`` names some. A relative root is taken
+    #: relative to the working directory when the configuration is made; a relative *source*
+    #: path relative to the working directory when it is fetched
     allowed_local_root: Path | None = None
+    #: further folders or single files local sources may be read from, beside
+    #: ``allowed_local_root`` (``aiomm run``: the ones named on its command line)
+    allowed_local_paths: tuple[Path, ...] = ()
+    #: how a refused local path names the setting that allows it (``aiomm serve``:
+    #: ``--allowed-local-media-path``; ``aiomm run``: ``--allowed-root``)
+    local_root_setting: str = "FetchConfig.allowed_local_root"
     user_agent: str = "aiomm/0.1"
     #: threads resolving host names at once (the fetcher's own pool, not anyio's default one)
     dns_threads: int = 8
@@ -140,15 +154,63 @@ class FetchConfig:
                     f"IPv4 or IPv6 network: {exc}"
                 ) from exc
         object.__setattr__(self, "allowed_networks", tuple(networks))
+        object.__setattr__(self, "allowed_media_domains", _domains(self.allowed_media_domains))
         if self.allowed_local_root is not None:
-            try:
-                root = Path(self.allowed_local_root)
-            except TypeError as exc:
-                raise ConfigError(
-                    "FetchConfig.allowed_local_root must be a path or None, got "
-                    f"{type(self.allowed_local_root).__name__}"
-                ) from exc
+            root = _absolute_path(self.allowed_local_root, "FetchConfig.allowed_local_root")
             object.__setattr__(self, "allowed_local_root", root)
+        paths = self.allowed_local_paths
+        if isinstance(paths, (str, os.PathLike)):
+            raise ConfigError(
+                "FetchConfig.allowed_local_paths must be a tuple of paths, got one path: "
+                "wrap it in a tuple"
+            )
+        object.__setattr__(
+            self,
+            "allowed_local_paths",
+            tuple(
+                _absolute_path(p, f"FetchConfig.allowed_local_paths[{i}]")
+                for i, p in enumerate(paths)
+            ),
+        )
+        if not isinstance(self.local_root_setting, str) or not self.local_root_setting:
+            raise ConfigError("FetchConfig.local_root_setting must be a non-empty string")
+
+
+def _absolute_path(value: object, what: str) -> Path:
+    """``value`` as an absolute path: a relative one is taken relative to the working directory
+    now (links and ``..`` are resolved when a path is checked against it)."""
+    try:
+        return Path(value).absolute()  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(f"{what} must be a path or None, got {type(value).__name__}") from exc
+
+
+def _domains(domains: object) -> tuple[str, ...]:
+    """Host names as URLs carry them: lower case, IDNA-encoded, without a trailing dot."""
+    if isinstance(domains, str) or not isinstance(domains, Iterable):
+        raise ConfigError(
+            "FetchConfig.allowed_media_domains must be a tuple of host names, got "
+            f"{type(domains).__name__} (one string: wrap it in a tuple)"
+        )
+    out: list[str] = []
+    for i, domain in enumerate(domains):
+        name = domain.strip().strip("[]").rstrip(".").lower() if isinstance(domain, str) else ""
+        try:  # an IP address literal, as a URL may name its host
+            out.append(ipaddress.ip_address(name).compressed)
+            continue
+        except ValueError:
+            pass
+        try:
+            name = name.encode("idna").decode("ascii") if not name.isascii() else name
+        except UnicodeError:
+            name = ""
+        if not name or any(c in name for c in "/:@ "):
+            raise ConfigError(
+                f"FetchConfig.allowed_media_domains[{i}]={domain!r} is not a host name (give "
+                "the host only: example.com, not https://example.com/)"
+            )
+        out.append(name)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,3 +69,51 @@ def test_user_documents_describe_the_software_not_the_work() -> None:
         text = (REPO / name).read_text()
         found = words.findall(text)
         assert not found, (name, found[:5])
+
+
+def _python_examples() -> list[str]:
+    """README's Python blocks that use aiomm (the gateway's OpenAI client block is run by
+    tests/server/, against a stand-in upstream)."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    return [b for b in blocks if "from aiomm import" in b]
+
+
+def test_readme_has_an_api_example() -> None:
+    assert any("Engine.from_pretrained" in b for b in _python_examples())
+
+
+@pytest.mark.parametrize("code", _python_examples(), ids=lambda c: c.split("\n")[0][:40])
+def test_readme_python_examples_run_as_written(code: str, tmp_path: Path) -> None:
+    """Each example runs unchanged in a fresh process, from a working folder holding
+    ``photo.jpg``, offline."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)).save(
+        tmp_path / "photo.jpg", quality=90
+    )
+    (tmp_path / "example.py").write_text(code)
+    env = {**os.environ, "AIOMM_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "example.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the API example's stream prints one line per JPEG: its request id and token count
+    lines = done.stdout.splitlines()
+    if "engine.stream(" in code:
+        assert len(lines) == 1 and lines[0].split()[1].isdigit(), done.stdout
+
+
+def test_ci_checks_the_user_install() -> None:
+    """.ci/run ends with the light install's check: `aiomm[serve]` alone, `aiomm run`,
+    `aiomm serve`."""
+    ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert ".ci/light-install" in ci_lines
+    script = (REPO / ".ci" / "light-install").read_text()
+    assert "[serve]" in script and 'aiomm" run' in script and 'aiomm" serve qwen2-vl' in script

@@ -378,12 +378,15 @@ class MediaFetcher:
         """Return the encoded bytes of ``source``.
 
         ``source`` is an ``http(s)://`` URL, a ``data:`` URL, a ``file:`` URL, a local path (a
-        string or path-like; a relative one is taken relative to ``allowed_local_root``), or
-        bytes (returned as they are, size-capped).
+        string or path-like; a relative one is taken relative to the working directory, and
+        must lie, links resolved, under ``allowed_local_root`` or one of ``allowed_local_paths``),
+        or bytes (returned as they are, size-capped).
 
         :raises InvalidSourceError: malformed URL or data URL, or an unsupported scheme or type.
-        :raises BlockedAddressError: the host, or a redirect's host, resolves to a refused address.
-        :raises PathNotAllowedError: a local path outside ``allowed_local_root``.
+        :raises BlockedAddressError: the host, or a redirect's host, resolves to a refused address
+            or is not one of ``allowed_media_domains``.
+        :raises PathNotAllowedError: a local path outside ``allowed_local_root`` and
+            ``allowed_local_paths``.
         :raises DownloadTooLargeError: more than ``max_bytes``.
         :raises TooManyRedirectsError: more than ``max_redirects`` redirects.
         :raises FetchTimeoutError: connect, read or total timeout.
@@ -453,6 +456,7 @@ class MediaFetcher:
         retried = answered = False
         while True:
             target = _parse_http_url(current, first=redirects == 0)
+            self._check_domain(target, url, current, redirects)
             try:
                 async with client.stream("GET", target) as response:
                     answered = True
@@ -505,6 +509,20 @@ class MediaFetcher:
                 log.debug("fetch.retry", url=_shown(current), error=str(exc))
             except httpx.HTTPError as exc:
                 raise self._fetch_error(exc, url, current, redirects) from exc
+
+    def _check_domain(self, target: httpx.URL, url: str, current: str, redirects: int) -> None:
+        domains = self.config.allowed_media_domains
+        if not domains:
+            return
+        host = _host_name(target.raw_host.decode("ascii", "replace"))
+        if host in domains:
+            return
+        hop = f"redirect {redirects} of {_shown(url)}: " if redirects else ""
+        raise BlockedAddressError(
+            f"{hop}host {host[:80]!r} is not one of the allowed media domains "
+            f"({', '.join(domains)})",
+            source=_shown(current),
+        )
 
     @staticmethod
     def _fetch_error(exc: httpx.HTTPError, url: str, current: str, redirects: int) -> FetchError:
@@ -583,13 +601,17 @@ class MediaFetcher:
     # -- local files ---------------------------------------------------------------------------
 
     async def _read_local(self, path: Path, *, shown: str) -> bytes:
-        root = self.config.allowed_local_root
-        if root is None:
+        cfg = self.config
+        roots = (cfg.allowed_local_root, *cfg.allowed_local_paths)
+        allowed = tuple(r for r in roots if r is not None)
+        if not allowed:
             raise PathNotAllowedError(
-                "local paths are disabled (FetchConfig.allowed_local_root is None)", source=shown
+                f"local paths and file: URLs are disabled: {cfg.local_root_setting} is not set "
+                "(it names the folder they may be read from)",
+                source=shown,
             )
         return await anyio.to_thread.run_sync(
-            _read_under_root, path, root, self.config.max_bytes, shown
+            _read_under_root, path, allowed, cfg.max_bytes, shown, cfg.local_root_setting
         )
 
 
@@ -630,6 +652,15 @@ def _parse_http_url(url: str, *, first: bool) -> httpx.URL:
 
 # A DNS name as resolvers take it (underscores included, as some internal names have them).
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+
+
+def _host_name(host: str) -> str:
+    """A URL's host as :attr:`FetchConfig.allowed_media_domains` holds them."""
+    host = host.strip("[]").rstrip(".").lower()
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        return host
 
 
 def _valid_host(host: str) -> bool:
@@ -721,20 +752,33 @@ def _raise_if_link(exc: OSError, name: str, dir_fd: int) -> None:
         raise _LinkSwapped(exc.errno, exc.strerror) from exc
 
 
-def _read_under_root(path: Path, root: Path, max_bytes: int, shown: str) -> bytes:
-    """Worker thread: read ``path`` if, symlinks and ``..`` resolved, it lies under ``root``."""
+def _read_under_root(
+    path: Path, roots: tuple[Path, ...], max_bytes: int, shown: str, setting: str
+) -> bytes:
+    """Worker thread: read ``path`` (a relative one taken relative to the working directory) if,
+    symlinks and ``..`` resolved, it lies under one of ``roots`` (folders, or single files)."""
     try:
-        real_root = root.resolve()
-        resolved = (path if path.is_absolute() else real_root / path).resolve()
+        resolved = (path if path.is_absolute() else Path(os.getcwd()) / path).resolve()
+        real_roots = [root.resolve() for root in roots]
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop before Python 3.13
         raise FetchError(f"cannot resolve the path: {exc}", source=shown) from exc
     except ValueError as exc:  # e.g. an embedded NUL
         raise InvalidSourceError(f"invalid path: {exc}", source=shown) from exc
-    # The root itself is not shown: it is the server's layout, not the caller's business.
-    if not resolved.is_relative_to(real_root):
-        raise PathNotAllowedError("path is outside the allowed local root", source=shown)
+    beneath: tuple[Path, Path] | None = None
+    for real_root in real_roots:
+        if resolved == real_root and not real_root.is_dir():  # a single file allowed by name
+            beneath = (real_root.parent, Path(real_root.name))
+            break
+        if resolved.is_relative_to(real_root):
+            beneath = (real_root, resolved.relative_to(real_root))
+            break
+    # The roots themselves are not shown: they are the server's layout, not the caller's business.
+    if beneath is None:
+        raise PathNotAllowedError(
+            f"path is outside the allowed local root (see {setting})", source=shown
+        )
     try:
-        fd = _open_beneath(real_root, resolved.relative_to(real_root))
+        fd = _open_beneath(*beneath)
     except FileNotFoundError as exc:
         raise FetchError("no such file", source=shown) from exc
     except _LinkSwapped as exc:

@@ -23,7 +23,16 @@ class ServerConfig:
     upstream: str | None = None
     max_body_bytes: int = 64 << 20
     limits: RenderLimits = field(default_factory=RenderLimits)
+    #: ``file:`` URLs are read under this folder (vLLM's ``--allowed-local-media-path``); None:
+    #: refused, the refusal naming that flag
     allowed_local_media_path: str | None = None
+    #: hosts ``http(s)`` media URLs may name (vLLM's ``--allowed-media-domains``;
+    #: ``FetchConfig.allowed_media_domains``); empty: any host
+    allowed_media_domains: tuple[str, ...] = ()
+    #: fetch media from loopback and private networks too (``--allow-private-networks``:
+    #: ``FetchConfig.allow_loopback`` and ``allow_private_addresses``); cloud metadata
+    #: addresses stay refused
+    allow_private_networks: bool = False
     #: a Redis item cache shared by every replica (``redis://HOST:PORT/DB``; see
     #: ``EngineConfig.shared_cache_url``), set on the engine's configuration
     shared_cache_url: str | None = None

@@ -304,6 +304,8 @@ class Upstream:
                     if payload == "[DONE]":
                         break
                     chunk = orjson.loads(payload)
+                    if not chunk["choices"]:  # vLLM's last chunk with include_usage: usage only
+                        continue
                     choice = chunk["choices"][0]
                     delta = text.add(choice.get("token_ids") or [])
                     finish = choice.get("finish_reason")

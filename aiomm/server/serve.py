@@ -45,6 +45,7 @@ def _from_env(text: str) -> ServerConfig:
     data["limits"] = RenderLimits(**data["limits"])
     data["served_model_names"] = tuple(data["served_model_names"])
     data["api_keys"] = tuple(data.get("api_keys", ()))
+    data["allowed_media_domains"] = tuple(data.get("allowed_media_domains", ()))
     return ServerConfig(**data)
 
 

@@ -90,11 +90,17 @@ async def open_state(config: ServerConfig) -> AsyncIterator[ServerState]:
         "cache_capacity_bytes": config.cache_bytes,
     }
     engine_cfg = replace(engine_cfg, **{k: v for k, v in overrides.items() if v is not None})
-    root = config.allowed_local_media_path
-    if root:
-        engine_cfg = replace(
-            engine_cfg, fetch=replace(engine_cfg.fetch, allowed_local_root=Path(root))
-        )
+    fetch: dict[str, Any] = {}
+    if config.allowed_local_media_path or engine_cfg.fetch.allowed_local_root is None:
+        # a refused file: URL names the server's flag (vLLM's), not the library's field
+        fetch["local_root_setting"] = "--allowed-local-media-path"
+    if config.allowed_local_media_path:
+        fetch["allowed_local_root"] = Path(config.allowed_local_media_path)
+    if config.allowed_media_domains:
+        fetch["allowed_media_domains"] = tuple(config.allowed_media_domains)
+    if config.allow_private_networks:
+        fetch.update(allow_loopback=True, allow_private_addresses=True)
+    engine_cfg = replace(engine_cfg, fetch=replace(engine_cfg.fetch, **fetch))
     pretouch = (
         config.cache_pretouch and engine_cfg.tune_malloc and engine_cfg.cache_capacity_bytes > 0
     )

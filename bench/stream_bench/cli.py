@@ -35,26 +35,41 @@ _DESCRIPTION = (
 )
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default, except where there is none to show (None, a flag's False) or
+    where its help text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="aiomm bench",
         description=_DESCRIPTION,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="tiny workload, every system, < 1 minute")
-    p.add_argument("--out", type=Path, default=Path("results/stream_bench"))
+    p.add_argument(
+        "--out", type=Path, default=Path("results/stream_bench"), help="folder of the results"
+    )
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     w = p.add_argument_group("workload")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=int, default=0, help="seed of the generated workload")
     w.add_argument(
         "--requests",
         type=int,
         help="requests (default: 12 quick, 240 full: an open loop needs seconds of arrivals)",
     )
-    w.add_argument("--repeat-share", type=float, default=0.25)
+    w.add_argument(
+        "--repeat-share", type=float, default=0.25, help="share of images seen before (cache hits)"
+    )
     w.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of image popularity")
-    w.add_argument("--max-images", type=int, default=4)
-    w.add_argument("--png-share", type=float, default=0.25)
+    w.add_argument("--max-images", type=int, default=4, help="images per request at most")
+    w.add_argument("--png-share", type=float, default=0.25, help="share of PNG images")
     lg = p.add_argument_group("load")
     lg.add_argument("--concurrency", type=int, default=32, help="closed-loop clients")
     lg.add_argument(
@@ -62,13 +77,17 @@ def _parser() -> argparse.ArgumentParser:
         help="open-loop rates as multiples of each system's "
         "capacity (default: 2 quick, 0.5,1,2 full)",
     )
-    lg.add_argument("--window", type=float, help="open-loop arrival window, s (2 quick, 12 full)")
-    lg.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    lg.add_argument(
+        "--window", type=float, help="open-loop arrival window, s (default: 2 quick, 12 full)"
+    )
+    lg.add_argument(
+        "--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the event loop"
+    )
     a = p.add_argument_group("aiomm")
     a.add_argument("--threads", type=int, default=cores(), help="transform threads")
-    a.add_argument("--max-in-flight", type=int, default=8)
+    a.add_argument("--max-in-flight", type=int, default=8, help="requests processed at once")
     a.add_argument("--queue-bound", type=int, default=16, help="requests waiting for admission")
-    a.add_argument("--no-cache", action="store_true")
+    a.add_argument("--no-cache", action="store_true", help="turn aiomm's item cache off")
     a.add_argument("--scaling-threads", help="thread counts to scale over (default: 1..cores)")
     a.add_argument(
         "--scaling-repeats",
@@ -76,7 +95,10 @@ def _parser() -> argparse.ArgumentParser:
         help="interleaved runs per thread count, best kept (default: 1 quick, 3 full)",
     )
     v = p.add_argument_group("vllm")
-    v.add_argument("--vllm-python", help="python of a vLLM environment (vllm 0.33, CPU)")
+    v.add_argument(
+        "--vllm-python",
+        help="python of a vLLM environment (vllm 0.33, CPU; default: vLLM skipped)",
+    )
     v.add_argument(
         "--vllm-cache",
         choices=["lru", "processor_only", "none"],
@@ -97,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="one process per system (default: on, off with --quick)",
     )
-    p.add_argument("--exact-samples", type=int, help="requests checked (2 quick, 6 full)")
+    p.add_argument("--exact-samples", type=int, help="requests checked (default: 2 quick, 6 full)")
     z = p.add_argument_group("size classes (instead of the streaming run)")
     z.add_argument(
         "--sizes",

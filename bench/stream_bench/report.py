@@ -153,6 +153,9 @@ def report(results: dict[str, Any]) -> str:
         )
     elif gpu:
         lines.append(f"gpu: {gpu.get('status')}: {gpu.get('reason')}")
+    if results.get("meta", {}).get("mode") == "quick":
+        # the project's own targets are judged on the full run (they stay in the JSON)
+        return "\n".join(lines)
     lines.append("targets:")
     for t in results["analysis"]["targets"]:
         mark = {True: "PASS", False: "MISS", None: "n/a "}[t["pass"]]

@@ -133,6 +133,39 @@ async def test_redirect_to_a_refused_address(
     assert server.hits["/redirect-to"] == 1
 
 
+async def test_allowed_media_domains(ok_png: bytes, server: LoopbackServer) -> None:
+    # vLLM's --allowed-media-domains: only URLs whose host is listed are fetched
+    config = dataclasses.replace(LOOPBACK, allowed_media_domains=("localhost",))
+    url = server.url("/ok.png")  # http://127.0.0.1:PORT/ok.png: not a listed host
+    with pytest.raises(BlockedAddressError, match="not one of the allowed media domains") as info:
+        await fetch(url, config)
+    assert info.value.source == url and url in str(info.value)
+    assert server.hits["/ok.png"] == 0  # refused before any connection
+    listed = dataclasses.replace(LOOPBACK, allowed_media_domains=("LOCALHOST.", "127.0.0.1"))
+    assert listed.allowed_media_domains == ("localhost", "127.0.0.1")
+    assert await fetch(url, listed) == ok_png
+    # every redirect's target is checked too
+    to_localhost = server.url("/ok.png", host="localhost")
+    redirect = server.url("/redirect-to?url=" + quote(to_localhost, safe=""))
+    only_ip = dataclasses.replace(LOOPBACK, allowed_media_domains=("127.0.0.1",))
+    with pytest.raises(BlockedAddressError, match="redirect 1 of") as info:
+        await fetch(redirect, only_ip)
+    assert info.value.source == to_localhost
+    assert server.hits["/ok.png"] == 1
+
+
+def test_allowed_media_domains_validation() -> None:
+    assert FetchConfig(allowed_media_domains=("[::1]",)).allowed_media_domains == ("::1",)
+    assert FetchConfig(allowed_media_domains=("bücher.example",)).allowed_media_domains == (
+        "xn--bcher-kva.example",
+    )
+    for bad in ("https://example.com/", "example.com:443", "", "a b"):
+        with pytest.raises(ValueError, match="is not a host name"):
+            FetchConfig(allowed_media_domains=(bad,))
+    with pytest.raises(ValueError, match="wrap it in a tuple"):
+        FetchConfig(allowed_media_domains="example.com")  # type: ignore[arg-type]
+
+
 async def test_metadata_is_refused_even_with_private_addresses_allowed(
     server: LoopbackServer,
 ) -> None:
@@ -355,7 +388,10 @@ def root(ok_png: bytes, tmp_path: Path) -> Path:
     return root
 
 
-async def test_local_file_inside_the_root(ok_png: bytes, root: Path) -> None:
+async def test_local_file_inside_the_root(
+    ok_png: bytes, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(root)  # relative paths are taken relative to the working directory
     config = FetchConfig(allowed_local_root=root)
     path = root / "sub" / "a.png"
     for source in (str(path), path, path.as_uri(), "sub/a.png", "sub/../sub/a.png"):
@@ -363,7 +399,8 @@ async def test_local_file_inside_the_root(ok_png: bytes, root: Path) -> None:
     assert await fetch(root / "inside-link", config) == ok_png
 
 
-async def test_local_file_outside_the_root(root: Path) -> None:
+async def test_local_file_outside_the_root(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(root)
     config = FetchConfig(allowed_local_root=root)
     secret = root.parent / "secret.txt"
     for source in (
@@ -380,8 +417,81 @@ async def test_local_file_outside_the_root(root: Path) -> None:
 
 
 async def test_local_paths_refused_without_a_root(root: Path) -> None:
-    with pytest.raises(PathNotAllowedError, match="local paths are disabled"):
+    with pytest.raises(PathNotAllowedError, match="file: URLs are disabled") as info:
         await fetch(str(root / "sub" / "a.png"), FetchConfig())
+    assert "FetchConfig.allowed_local_root is not set" in str(info.value)
+    # a server names its own flag, not the library's field
+    config = FetchConfig(local_root_setting="--allowed-local-media-path")
+    with pytest.raises(PathNotAllowedError, match="--allowed-local-media-path is not set") as info:
+        await fetch((root / "sub" / "a.png").as_uri(), config)
+    assert "FetchConfig" not in str(info.value)
+    assert info.value.source == (root / "sub" / "a.png").as_uri()
+
+
+async def test_relative_paths_resolve_against_the_working_directory(
+    ok_png: bytes, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the root (tmp_path/root) is not the working directory: "sub/a.png" is read from where the
+    # process runs, at fetch time, and must still lie under the root
+    monkeypatch.chdir(root / "sub")
+    config = FetchConfig(allowed_local_root=root)
+    assert await fetch("a.png", config) == ok_png
+    assert await fetch("./a.png", config) == ok_png
+    assert await fetch(Path("a.png"), config) == ok_png
+    monkeypatch.chdir(root)
+    assert await fetch("sub/a.png", config) == ok_png
+    with pytest.raises(FetchError, match="no such file") as info:
+        await fetch("a.png", config)  # root/a.png: inside the root, but not there
+    assert info.value.source == "a.png"
+    monkeypatch.chdir(tmp_path)  # the working directory outside the root: refused
+    (tmp_path / "here.png").write_bytes(ok_png)
+    with pytest.raises(PathNotAllowedError, match="outside the allowed local root") as info:
+        await fetch("here.png", config)
+    assert info.value.source == "here.png"
+    assert await fetch("root/sub/a.png", config) == ok_png
+
+
+async def test_a_relative_root_is_taken_relative_to_the_working_directory(
+    ok_png: bytes, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(root / "sub")
+    config = FetchConfig(allowed_local_root=Path(".."))
+    assert config.allowed_local_root == root / "sub" / ".."
+    assert await fetch("../sub/a.png", config) == ok_png
+    with pytest.raises(PathNotAllowedError):
+        await fetch("../../secret.txt", config)
+    monkeypatch.chdir(root.parent)  # the root was fixed when the configuration was made
+    assert await fetch("root/sub/a.png", config) == ok_png
+    with pytest.raises(PathNotAllowedError):
+        await fetch("secret.txt", config)
+
+
+async def test_allowed_local_paths_are_folders_or_single_files(
+    ok_png: bytes, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "b.png").write_bytes(ok_png)
+    (other / "c.png").write_bytes(b"not named")
+    (root / "link-to-b").symlink_to(other / "b.png")
+    monkeypatch.chdir(root)
+    # a single file allowed by name: that file, not its neighbours
+    config = FetchConfig(allowed_local_root=root, allowed_local_paths=(other / "b.png",))
+    assert await fetch(str(other / "b.png"), config) == ok_png
+    assert await fetch("../other/b.png", config) == ok_png
+    assert await fetch("link-to-b", config) == ok_png  # the link resolves to the allowed file
+    for source in (str(other / "c.png"), "../other/c.png", "../secret.txt", str(other)):
+        with pytest.raises(PathNotAllowedError, match="outside the allowed local root"):
+            await fetch(source, config)
+    # a folder, without any root
+    config = FetchConfig(allowed_local_paths=(other,))
+    assert await fetch(str(other / "c.png"), config) == b"not named"
+    with pytest.raises(PathNotAllowedError):
+        await fetch("sub/a.png", config)
+    # a file named but missing: no such file, not a refusal
+    config = FetchConfig(allowed_local_paths=(other / "missing.png",))
+    with pytest.raises(FetchError, match="no such file"):
+        await fetch(str(other / "missing.png"), config)
 
 
 async def test_local_file_errors(ok_png: bytes, root: Path) -> None:

@@ -417,8 +417,9 @@ def test_serve_refuses_an_unknown_name(capsys: pytest.CaptureFixture[str]) -> No
     from aiomm.cli import main
 
     assert main(["serve", "no-such-model"]) == 2
-    out = capsys.readouterr().out
-    assert "not a model folder nor a registered name" in out and "Qwen2VL" in out
+    err = capsys.readouterr().err
+    assert "unknown model 'no-such-model'" in err and "qwen2-vl" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_glm5_next_videos_stay_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,7 +48,7 @@ def test_serve_turns_numpy_huge_pages_off_here_and_in_workers(
 
 def test_serve_refuses_a_missing_folder(tmp_path: Path, capsys: Any) -> None:
     assert main(["serve", str(tmp_path / "nope")]) == 2
-    assert "not a model folder" in capsys.readouterr().out
+    assert "unknown model" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--transform-threads", "--busy-transform-threads"])

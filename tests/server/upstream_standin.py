@@ -4,6 +4,10 @@ It validates every field of the body against vLLM 0.33's ``GenerateRequest`` (ty
 placeholder ranges inside ``token_ids``, decodable items whose rows fit their placeholders) and
 answers scripted token ids, streamed one per SSE chunk when asked. It records what it saw and
 whether a stream was abandoned by its client.
+
+Kept for the gateway tests that script exact answers and check the gateway's own choices (every
+key sent, ``output_kind`` for ``stream``); the packaged stand-in a user runs, with the model's
+token ids read from its folder, is :mod:`aiomm.server.standin` (``tests/server/test_standin.py``).
 """
 
 from __future__ import annotations

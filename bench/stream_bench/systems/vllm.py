@@ -79,8 +79,8 @@ def run_vllm(job: dict[str, Any], python: str | None, out: Path) -> dict[str, An
     if not python:
         return {
             "status": "skipped",
-            "reason": "no vLLM environment given: pass --vllm-python "
-            "PATH (see ../shared/vllm_probe/README.md); CI does not install vLLM",
+            "reason": "no vLLM environment given: pass --vllm-python PATH, the python of an "
+            "environment with vllm 0.33 installed (CPU is enough)",
         }
     t = time.perf_counter()
     print("  vllm ...", end="", flush=True, file=sys.stderr)
