@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from aiomm.server import standin
 from aiomm.vllm.wire import TensorValue, decode_item
 
 TOP_LEVEL = {
@@ -45,37 +46,8 @@ TOP_LEVEL = {
     "kv_transfer_params": (dict, type(None)),
     "ec_transfer_params": (dict, type(None)),
 }
-SAMPLING = {
-    "n": int,
-    "presence_penalty": float,
-    "frequency_penalty": float,
-    "repetition_penalty": float,
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "min_p": float,
-    "seed": int,
-    "stop": list,
-    "stop_token_ids": list,
-    "ignore_eos": bool,
-    "max_tokens": int,
-    "min_tokens": int,
-    "logprobs": int,
-    "prompt_logprobs": int,
-    "skip_special_tokens": bool,
-    "spaces_between_special_tokens": bool,
-    "include_stop_str_in_output": bool,
-    "output_kind": int,
-    "stream_interval": int,
-    "skip_clone": bool,
-    "output_text_buffer_length": int,
-    "logit_bias": dict,
-    "allowed_token_ids": list,
-    "extra_args": dict,
-    "bad_words": list,
-    "skip_reading_prefix_cache": bool,
-    "thinking_token_budget": int,
-}
+# SamplingParams' keys and their types: the packaged stand-in's table
+SAMPLING = standin.SAMPLING
 IMAGE_PAD = 151655
 #: each modality's pad token, and its grid and pixel keys in an item
 PADS = {"image": IMAGE_PAD, "video": 151656}
