@@ -349,9 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     """``aiomm run``."""
-    problem = _model_problem(args.model)
-    if problem is not None:
-        print(f"aiomm run: {problem}", file=sys.stderr)
+    if _refuses_model("run", args.model):
         return 2
     import tempfile
 
@@ -384,6 +382,15 @@ def _run_command(args: argparse.Namespace) -> int:
         )
 
 
+def _refuses_model(command: str, model: str) -> bool:
+    """Print ``aiomm COMMAND``'s one-line refusal of ``model`` when it is neither a folder nor
+    a registered name (:func:`_model_problem`); whether it did."""
+    problem = _model_problem(model)
+    if problem is not None:
+        print(f"aiomm {command}: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def _standin(args: argparse.Namespace) -> int:
     """``aiomm standin``: needs the ``serve`` extra."""
     try:
@@ -391,9 +398,7 @@ def _standin(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"aiomm standin needs the serve extra: pip install 'aiomm[serve]' ({exc})")
         return 2
-    problem = _model_problem(args.model)
-    if problem is not None:
-        print(f"aiomm standin: {problem}", file=sys.stderr)
+    if _refuses_model("standin", args.model):
         return 2
     return run(args.model, host=args.host, port=args.port)
 
@@ -410,9 +415,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"aiomm serve needs the serve extra: pip install 'aiomm[serve]' ({exc})")
         return 2
     # a short name serves its offline reference folder
-    problem = _model_problem(args.model)
-    if problem is not None:
-        print(f"aiomm serve: {problem}", file=sys.stderr)
+    if _refuses_model("serve", args.model):
         return 2
     for flag in ("transform_threads", "busy_transform_threads"):
         value = getattr(args, flag)

@@ -4,6 +4,7 @@ fixtures were recorded with, rebuilt offline (``tests/support/qwen2vl_folder.py`
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -38,6 +39,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
+    """Wait until the server ``proc`` runs at ``url`` answers ``/health`` with 200, before the
+    ``time.monotonic()`` ``deadline``; fail with its output if it exits first."""
+    while True:
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            raise AssertionError(f"{proc.args} exited:\n{out[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url} did not answer /health")
+        time.sleep(0.1)
 
 
 class LiveServer:

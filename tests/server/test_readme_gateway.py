@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import PIL.Image
 import pytest
@@ -21,7 +20,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("openai")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import free_port
+from conftest import free_port, wait_healthy
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -40,21 +39,6 @@ def _port(preferred: int) -> int:
         except OSError:
             return free_port()
     return preferred
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-            raise AssertionError(f"{proc.args} exited:\n{out[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer /health")
 
 
 def test_the_readme_gateway_snippet_runs(tmp_path: Path) -> None:
@@ -78,8 +62,9 @@ def test_the_readme_gateway_snippet_runs(tmp_path: Path) -> None:
         for c in commands
     ]
     try:
-        _wait(f"http://127.0.0.1:{upstream}", procs[0])
-        _wait(f"http://127.0.0.1:{gateway}", procs[1])
+        deadline = time.monotonic() + 180
+        wait_healthy(f"http://127.0.0.1:{upstream}", procs[0], deadline)
+        wait_healthy(f"http://127.0.0.1:{gateway}", procs[1], deadline)
         run = subprocess.run(
             [sys.executable, "snippet.py"],
             cwd=tmp_path,

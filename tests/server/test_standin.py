@@ -38,7 +38,7 @@ from aiomm.server.standin import ModelSpec  # noqa: E402
 from aiomm.server.state import model_folder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import free_port  # noqa: E402
+from conftest import free_port, wait_healthy  # noqa: E402
 
 ADAPTERS = [info.short_name for info in supported_adapters()]
 #: pairs started ahead of the one under test
@@ -89,18 +89,7 @@ class Pair:
     def wait(self) -> Pair:
         deadline = time.monotonic() + START_TIMEOUT_S
         for url, proc in zip((self.standin_url, self.gateway_url), self.procs, strict=True):
-            while True:
-                if proc.poll() is not None:
-                    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                    raise AssertionError(f"{self.name}: {proc.args} exited:\n{out[-3000:]}")
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{self.name}: {url} did not answer /health")
-                time.sleep(0.1)
+            wait_healthy(url, proc, deadline)
         return self
 
     def stop(self) -> None:
