@@ -39,7 +39,7 @@ from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
-from aiomm.processing.processor import BaseMultiModalProcessor
+from aiomm.processing.processor import BaseMultiModalProcessor, planned_item
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 __all__ = ("ChameleonMultiModalProcessor", "center_crop", "shortest_edge_size")
@@ -214,6 +214,13 @@ class ChameleonMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor
                 f"{[tuple(x.shape) for x in images]}; HF cannot batch them either"
             )
         return {"pixel_values": torch.stack(images)}
+
+    def plan_image(
+        self, height: int, width: int, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem:
+        # the size decides no token (a fixed count): computed for what it would refuse
+        self.target_size(height, width, self._resolve_params(hf_kwargs))
+        return planned_item("image")
 
     # prompt, fields, updates, normalisation -------------------------------------------------
 

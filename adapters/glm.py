@@ -40,7 +40,7 @@ follows ``<|video|>`` (the chat template's ``<|end_of_video|>``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -59,13 +59,14 @@ from aiomm.adapters.qwen_vl import (
     grid_outputs,
     grid_prompt_updates,
     video_fields_config,
+    video_grid,
     video_rows,
     video_smart_resize,
 )
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessingError, ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
-from aiomm.media.video import VideoClip, VideoInfo
+from aiomm.media.video import SampledVideo, VideoClip, VideoInfo
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
@@ -75,7 +76,7 @@ from aiomm.processing.image_ops import (
     resize,
     to_rgb_array,
 )
-from aiomm.processing.processor import BaseMultiModalProcessor, image_size
+from aiomm.processing.processor import BaseMultiModalProcessor, image_size, planned_item
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 __all__ = (
@@ -243,6 +244,11 @@ def _timed_indices(
     total: int, video_fps: float, extract: int, step: float, max_second: int
 ) -> list[int]:
     return _unique_even(timed_frame_indices(total, video_fps, extract, step, max_second))
+
+
+def _transform_kwargs(hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The kwargs the transform reads (the frames are sampled before it)."""
+    return {k: v for k, v in hf_kwargs.items() if k not in SAMPLING_KWARGS}
 
 
 def _align(value: float, factor: int) -> int:
@@ -585,6 +591,50 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
             out["video_grid_thw"] = torch.tensor([g for _, g in done], dtype=torch.long)
         return out
 
+    # routing plans --------------------------------------------------------------------------
+
+    def plan_image(
+        self, height: int, width: int, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem:
+        params = self._resolve_params(_transform_kwargs(hf_kwargs))
+        (canvas_h, canvas_w), _ = self.canvas(height, width, params)
+        unit = params.patch_size * params.merge_size
+        if canvas_h % unit or canvas_w % unit:
+            raise ProcessingError(
+                f"a {canvas_h}x{canvas_w} image does not split into {unit}x{unit} merge windows; "
+                "keep do_resize on"
+            )
+        grid = [1, canvas_h // params.patch_size, canvas_w // params.patch_size]
+        return planned_item("image", image_grid_thw=grid)
+
+    def plan_video(
+        self, video: SampledVideo, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem | None:
+        if not self.supports_video:
+            return None
+        kwargs = _transform_kwargs(hf_kwargs)
+        params = self._resolve_video_params(kwargs)
+        if self.device_normalize:
+            check_device_normalization(self._resolve_params(kwargs), params)
+        t = video.num_frames
+        (canvas_h, canvas_w), _ = self.video_canvas(t, video.height, video.width, params)
+        grid = video_grid(t, canvas_h, canvas_w, params)
+        seconds = self.frame_seconds(video.frames_indices, video.fps, grid[0])
+        return planned_item("video", {"timestamps": seconds}, video_grid_thw=grid)
+
+    def frame_seconds(
+        self, frames_indices: Sequence[int], fps: float | None, grid_t: int
+    ) -> list[float]:
+        """As ``replace_video_token``: the first frame's time of each temporal patch (every
+        second frame, whatever temporal_patch_size), the last repeated to ``grid_t``."""
+        rate = 24 if fps is None else fps
+        seconds = [i / rate for i in frames_indices][::2]
+        if self.whole_second_timestamps:
+            seconds = [float(int(t)) for t in seconds]
+        seconds = seconds[:grid_t]
+        seconds += [seconds[-1] if seconds else 0] * (grid_t - len(seconds))
+        return seconds
+
     # fields, updates, normalisation ---------------------------------------------------------
 
     def _get_mm_fields_config(
@@ -598,16 +648,10 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         items: Mapping[str, list[MultiModalKwargsItem]],
     ) -> None:
         for clip, item in zip(mm_items.get("video", []), items.get("video", []), strict=True):
-            # As replace_video_token: the first frame's time of each temporal patch (every
-            # second frame, whatever temporal_patch_size), the last repeated to grid_t
-            fps = 24 if clip.fps is None else clip.fps
-            seconds = [i / fps for i in clip.frames_indices][::2]
-            if self.whole_second_timestamps:
-                seconds = [float(int(t)) for t in seconds]
             grid_t = int(item.data["video_grid_thw"][0])
-            seconds = seconds[:grid_t]
-            seconds += [seconds[-1] if seconds else 0] * (grid_t - len(seconds))
-            item.prompt_data["timestamps"] = seconds
+            item.prompt_data["timestamps"] = self.frame_seconds(
+                clip.frames_indices, clip.fps, grid_t
+            )
 
     def frame_text(self, seconds: float) -> str:
         """The text after a frame's image tokens: the HF processor's ``replace_frame_token_id``

@@ -50,6 +50,7 @@ from aiomm.processing.processor import (
     BaseMultiModalProcessor,
     check_uint8_exact,
     image_size,
+    planned_item,
 )
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
@@ -222,6 +223,12 @@ class Mistral3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
         sizes = [[int(x.shape[-2]), int(x.shape[-1])] for x in images]
         # Unpadded: the field config splits a list of images as it splits HF's padded batch.
         return {"pixel_values": images, "image_sizes": torch.tensor(sizes, dtype=torch.long)}
+
+    def plan_image(
+        self, height: int, width: int, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem:
+        height, width = self.target_size(height, width, self._resolve_params(hf_kwargs))
+        return planned_item("image", image_sizes=[height, width])
 
     def _postprocess_hf_mm_data(
         self, data: dict[str, Any], hf_kwargs: Mapping[str, Any]

@@ -46,7 +46,11 @@ from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
-from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
+from aiomm.processing.processor import (
+    BaseMultiModalProcessor,
+    NormalizationParams,
+    planned_item,
+)
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 __all__ = (
@@ -288,6 +292,17 @@ class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
             pixel_values = self._cpu_normalize(pixel_values)
         counts = np.array([len(t) for t in per_image], dtype=np.int64)
         return {"pixel_values": pixel_values, "image_num_patches": torch.from_numpy(counts)}
+
+    def plan_image(
+        self, height: int, width: int, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem:
+        params = self._tile_params(hf_kwargs)
+        cols, rows = select_tile_grid(
+            width, height, image_size=self.ref.image_size,
+            min_num=params.min_num, max_num=params.max_num,
+        )  # fmt: skip
+        tiles = rows * cols + (1 if params.use_thumbnail and rows * cols != 1 else 0)
+        return planned_item("image", image_num_patches=torch.tensor(tiles, dtype=torch.long))
 
     # fields, updates, normalisation ---------------------------------------------------------
 

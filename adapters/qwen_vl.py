@@ -36,6 +36,7 @@ processor: a Qwen3-VL vision tower with ``patch_size`` 16 and ``temporal_patch_s
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ from aiomm.errors import (
     TooFewFramesError,
 )
 from aiomm.kernels import ChannelLayout
-from aiomm.media.video import VideoClip, VideoInfo
+from aiomm.media.video import SampledVideo, VideoClip, VideoInfo
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import (
@@ -73,7 +74,7 @@ from aiomm.processing.image_ops import (
     resize_chw,
     to_rgb_array,
 )
-from aiomm.processing.processor import BaseMultiModalProcessor, image_size
+from aiomm.processing.processor import BaseMultiModalProcessor, image_size, planned_item
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 __all__ = (
@@ -86,6 +87,7 @@ __all__ = (
     "qwen3_timestamps",
     "sample_frame_indices",
     "smart_resize",
+    "video_grid",
     "video_rows",
     "video_smart_resize",
 )
@@ -521,18 +523,7 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
             kwargs["video_metadata"] = [c.metadata() for c in clips]
             kwargs["do_sample_frames"] = False
             kwargs.setdefault("cap_pixels_per_frame", False)
-        # min_pixels/max_pixels at call time are deprecated in transformers: pass them as size.
-        if "min_pixels" in kwargs or "max_pixels" in kwargs:
-            if clips:
-                # they would override each processor's own size, one size call for both
-                raise ProcessorKwargsError(
-                    "min_pixels/max_pixels with videos: pass size={'shortest_edge': ..., "
-                    "'longest_edge': ...} (it applies to images and videos alike)"
-                )
-            params = self._resolve_params(kwargs)
-            kwargs.pop("min_pixels", None)
-            kwargs.pop("max_pixels", None)
-            kwargs["size"] = {"shortest_edge": params.min_pixels, "longest_edge": params.max_pixels}
+        self._pixel_bounds_as_size(kwargs, video=bool(clips))
         if self.transform == "hf":
             self._check_items(hf_data, kwargs)
         return hf_data, kwargs, passthrough
@@ -691,6 +682,70 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
                 out["second_per_grid_ts"] = torch.tensor(seconds)
         return out
 
+    # routing plans --------------------------------------------------------------------------
+
+    def _plan_kwargs(self, hf_kwargs: Mapping[str, Any], *, video: bool) -> dict[str, Any]:
+        """The kwargs the transform reads, as :meth:`_get_hf_mm_inputs` rewrites them."""
+        kwargs = {k: v for k, v in hf_kwargs.items() if k not in SAMPLING_KWARGS}
+        self._pixel_bounds_as_size(kwargs, video=video)
+        return kwargs
+
+    def _pixel_bounds_as_size(self, kwargs: dict[str, Any], *, video: bool) -> None:
+        """``min_pixels``/``max_pixels`` in ``kwargs`` rewritten as ``size``, in place (passing
+        them at call time is deprecated in transformers).
+
+        :raises ProcessorKwargsError: with a video (they would override each processor's own
+            size, one size call for both).
+        """
+        if "min_pixels" not in kwargs and "max_pixels" not in kwargs:
+            return
+        if video:
+            raise ProcessorKwargsError(
+                "min_pixels/max_pixels with videos: pass size={'shortest_edge': ..., "
+                "'longest_edge': ...} (it applies to images and videos alike)"
+            )
+        params = self._resolve_params(kwargs)
+        kwargs.pop("min_pixels", None)
+        kwargs.pop("max_pixels", None)
+        kwargs["size"] = {"shortest_edge": params.min_pixels, "longest_edge": params.max_pixels}
+
+    @functools.cached_property
+    def _default_params(self) -> _TransformParams:
+        return self._resolve_params({})
+
+    def plan_image(
+        self, height: int, width: int, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem:
+        params = (
+            self._resolve_params(self._plan_kwargs(hf_kwargs, video=False))
+            if hf_kwargs
+            else self._default_params  # a request's usual kwargs: none
+        )
+        height, width = self.target_size(height, width, params)
+        grid = [1, height // params.patch_size, width // params.patch_size]
+        return planned_item("image", image_grid_thw=grid)
+
+    def plan_video(
+        self, video: SampledVideo, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem | None:
+        if not self.supports_video:
+            return None
+        kwargs = self._plan_kwargs(hf_kwargs, video=True)
+        params = self._resolve_video_params(kwargs)
+        if self.device_normalize:
+            check_device_normalization(self._resolve_params(kwargs), params)
+        cap = bool(kwargs.get("cap_pixels_per_frame"))
+        t = video.num_frames
+        height, width = self.video_frame_size(t, video.height, video.width, params, cap)
+        grid = video_grid(t, height, width, params)
+        prompt_data = None
+        if self.timestamps:
+            seconds = qwen3_timestamps(
+                video.frames_indices, video.fps, int(self.video_processor.temporal_patch_size)
+            )
+            prompt_data = {"timestamps": seconds}
+        return planned_item("video", prompt_data, video_grid_thw=grid)
+
     # fields, updates, normalisation ---------------------------------------------------------
 
     def _get_mm_fields_config(
@@ -767,6 +822,13 @@ class QwenVLProcessor(BackendNormalization, BaseMultiModalProcessor):
 
             updates += grid_prompt_updates(self.video_token_id, video_tokens, "video")
         return updates
+
+
+def video_grid(frames: int, height: int, width: int, params: Any) -> list[int]:
+    """``[grid_t, grid_h, grid_w]`` of ``frames`` frames resized to ``height x width`` (padded
+    to a multiple of the temporal patch, as :func:`video_rows` pads them)."""
+    tps, p = params.temporal_patch_size, params.patch_size
+    return [-(-frames // tps), height // p, width // p]
 
 
 def _sampled_fps(metadata: Mapping[str, Any]) -> float:

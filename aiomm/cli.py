@@ -177,6 +177,12 @@ def _parser() -> argparse.ArgumentParser:
         "files and folders named as sources)",
     )
     _add_fetch_flags(run)
+    run.add_argument(
+        "--plan",
+        action="store_true",
+        help="routing plans only: token ids, placeholders and hashes, no pixel decoded where "
+        "the header decides the size",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     run.add_argument(
         "--shared-cache",
@@ -556,7 +562,8 @@ async def _run(
     t0 = time.perf_counter()
     async with engine:
         with output.open("w") as sink:
-            async with engine.stream(requests, max_in_flight=args.max_in_flight) as stream:
+            stream_of = engine.stream(requests, max_in_flight=args.max_in_flight, plan=args.plan)
+            async with stream_of as stream:
                 async for result in stream:
                     results.append(result)
                     shown = sources_of.get(str(result.request_id), [])
@@ -571,6 +578,9 @@ async def _run(
     if progress is not None:
         progress.close()
     facts = [("model", engine.adapter_id), ("device", str(engine.device.device))]
+    if args.plan:
+        made = ", ".join(f"{n} {how}" for how, n in engine.stats().plans.items() if n)
+        facts.append(("routing plans", made or "none"))
     _print_summary(results, elapsed, output, facts, note, sources_of)
     return 0 if all(r.ok for r in results) else 1
 

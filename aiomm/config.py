@@ -428,7 +428,8 @@ class EngineConfig:
     #: ``GLIBC_TUNABLES`` sets malloc options. Off by default: a library leaves its host's malloc
     #: alone; :func:`aiomm.tuning.tuned` turns it on.
     tune_malloc: bool = False
-    #: hash encoded bytes in a worker thread above this size (below it the loop is faster)
+    #: hash encoded bytes in a worker thread above this size (below it the loop is faster); a
+    #: routing plan reads the header of an image below this size on the loop too
     hash_in_thread_bytes: int = 1 << 20
     #: a Redis item cache shared by every replica, behind the in-process one
     #: (``redis://HOST:PORT/DB``); None keeps the cache per process

@@ -24,6 +24,21 @@ the rounds measure the servers' steady state instead of their caches' growth (re
 the same rounds, and prints aiomm/aiomm-b ratios (one change measured side by side). Without
 ``--vllm-venv`` only aiomm is measured. Both servers get the same model folder path
 (``--model-folder``; built offline when missing), so their mm_hashes agree.
+
+``--plans`` measures routing plans (``mm_payload: "none"``: token ids, mm_hashes and
+placeholders from the images' headers, no pixels decoded) against full tensors, on one aiomm
+server with its item cache off (``--cache-gb 0``: it keeps no items and no plans, so nothing is
+answered from a cache) and, with ``--vllm-venv``, vLLM's render server with its processor cache
+off (``--mm-processor-cache-gb 0``). Three systems run in the same interleaved rounds, on the
+same request bodies, every image distinct (``--repeat-frac 0``; ``--mm-payload`` is ignored):
+``aiomm-tensors`` (``mm_payload: "tensors"``) and ``aiomm-none`` (``"none"``), both on the same
+aiomm server process, and ``vllm-none`` (``"none"``). One system runs at a time, so each one's
+server CPU per image counts only its own rounds. Printed per level, besides the table: aiomm's
+CPU per image, tensors/none; images/s, aiomm-none/vllm-none; and CPU per image,
+vllm-none/aiomm-none (all three in ``--json`` too, under ``ratios``; they divide the CPU seconds
+measured, not the table's rounded CPU ms/img):
+
+    python bench/render_bench.py --plans --vllm-venv /tmp/vllm-venv --n 150 --concurrency 8
 """
 
 from __future__ import annotations
@@ -82,6 +97,15 @@ class LevelResult:
     client_cpu_s: float
     #: seconds the whole machine's cores were idle (``/proc/stat`` idle + iowait)
     machine_idle_s: float = 0.0
+    #: the server's CPU seconds over the window (what ``server_cpu_ms_per_image`` rounds)
+    server_cpu_s: float = 0.0
+
+    @property
+    def cpu_ms_per_image(self) -> float:
+        """The server's CPU ms per image, unrounded where its CPU seconds are known."""
+        if self.server_cpu_s and self.images:
+            return self.server_cpu_s * 1000 / self.images
+        return self.server_cpu_ms_per_image
 
     @property
     def client_cores(self) -> float:
@@ -385,6 +409,7 @@ def _level(
         round(received / 2**20, 1),
         round(client_cpu, 2),
         round(idle, 2),
+        round(cpu, 3),
     )
     print(json.dumps({"phase": phase, **_row(result)}), flush=True)
     return result
@@ -404,38 +429,73 @@ def warm_plan(args: argparse.Namespace, pool: Executor | None = None) -> tuple[l
     )
 
 
+def with_payload(bodies: list[bytes], payload: str) -> list[bytes]:
+    """``bodies`` (:func:`build_bodies`) asking for ``payload`` as their ``mm_payload``: the same
+    images and text, byte for byte the bodies :func:`build_bodies` makes with that payload."""
+    return [json.dumps({**json.loads(b), "mm_payload": payload}).encode() for b in bodies]
+
+
+class _Payloads:
+    """Each system's bodies of one plan: ``payloads`` names the ``mm_payload`` each system's
+    requests ask for (None, or a system it does not name: the plan's own, ``args.mm_payload``);
+    each other payload's bodies are made once per plan, before any clock starts."""
+
+    def __init__(
+        self, bodies: list[bytes], own: str, payloads: dict[str, str] | None = None
+    ) -> None:
+        self.made = {own: bodies}
+        self.own, self.payloads = own, payloads or {}
+
+    def __call__(self, name: str) -> list[bytes]:
+        payload = self.payloads.get(name, self.own)
+        if payload not in self.made:
+            self.made[payload] = with_payload(self.made[self.own], payload)
+        return self.made[payload]
+
+
 def warm(
-    servers: dict[str, tuple[str, int]], args: argparse.Namespace, pool: Executor | None = None
+    servers: dict[str, tuple[str, int]],
+    args: argparse.Namespace,
+    pool: Executor | None = None,
+    payloads: dict[str, str] | None = None,
 ) -> list[LevelResult]:
     """Each server answers the ``--warm`` plan at the highest concurrency (nothing when 0;
-    ``pool``: as :func:`build_bodies`)."""
+    ``pool``: as :func:`build_bodies`; ``payloads``: as :func:`measure`)."""
     if not args.warm:
         return []
     bodies, images = warm_plan(args, pool)
+    of = _Payloads(bodies, args.mm_payload, payloads)
     c = max(args.concurrency)
     return [
-        _level(name, url, pid, c, bodies, images, "warm") for name, (url, pid) in servers.items()
+        _level(name, url, pid, c, of(name), images, "warm") for name, (url, pid) in servers.items()
     ]
 
 
 def measure(
-    servers: dict[str, tuple[str, int]], args: argparse.Namespace, pool: Executor | None = None
+    servers: dict[str, tuple[str, int]],
+    args: argparse.Namespace,
+    pool: Executor | None = None,
+    payloads: dict[str, str] | None = None,
 ) -> list[LevelResult]:
     """Every level on every server, interleaved: round r runs the servers in order, then in
     reverse (ABBA), so a change in the machine's other load hits both alike. Each level and
     round has its own seeded plan, the same for every server (no hits across levels), built
-    between the rounds (``pool``: as :func:`build_bodies`)."""
+    between the rounds (``pool``: as :func:`build_bodies`). ``payloads``: the ``mm_payload`` of
+    each server's requests, where it is not ``args.mm_payload`` (two names may share one
+    server's URL and process: one runs at a time, so each one's CPU is its own)."""
     first, _ = build_bodies(argparse.Namespace(**{**vars(args), "n": 2, "sizes": "320x240"}), 999)
-    for url, _pid in servers.values():
-        _run(_drive(url, requests_for(url, first), 1))
+    of = _Payloads(first, args.mm_payload, payloads)
+    for name, (url, _pid) in servers.items():
+        _run(_drive(url, requests_for(url, of(name)), 1))
     out = []
     names = list(servers)
     for level, c in enumerate(args.concurrency):
         for r in range(args.rounds):
             bodies, images = build_bodies(args, args.seed + 1000 * level + r, pool)
+            of = _Payloads(bodies, args.mm_payload, payloads)
             for name in names if r % 2 == 0 else reversed(names):
                 url, pid = servers[name]
-                out.append(_level(name, url, pid, c, bodies, images))
+                out.append(_level(name, url, pid, c, of(name), images))
     return out
 
 
@@ -448,7 +508,7 @@ def _combine(results: list[LevelResult]) -> list[LevelResult]:
     for (server, c), rs in rows.items():
         wall = sum(r.wall_s for r in rs)
         images = sum(r.images for r in rs)
-        cpu_s = sum(r.server_cpu_ms_per_image * r.images for r in rs) / 1000
+        cpu_s = sum(r.cpu_ms_per_image * r.images for r in rs) / 1000
         out.append(
             LevelResult(
                 server,
@@ -464,9 +524,67 @@ def _combine(results: list[LevelResult]) -> list[LevelResult]:
                 round(sum(r.mb_received for r in rs), 1),
                 round(sum(r.client_cpu_s for r in rs), 2),
                 round(sum(r.machine_idle_s for r in rs), 2),
+                round(cpu_s, 3),
             )
         )
     return out
+
+
+#: ``--plans``: each system measured, as the server it runs on and its requests' ``mm_payload``
+PLAN_SYSTEMS = {
+    "aiomm-tensors": ("aiomm", "tensors"),
+    "aiomm-none": ("aiomm", "none"),
+    "vllm-none": ("vllm", "none"),
+}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    """``a / b`` to 3 digits; None where ``b`` is 0 (under a clock tick of CPU, say)."""
+    return round(a / b, 3) if b else None
+
+
+def plan_ratios(results: list[LevelResult]) -> list[dict[str, Any]]:
+    """The ``--plans`` ratios of each concurrency level (:func:`_combine`'s rows): aiomm's CPU
+    per image, tensors/none; images/s, aiomm-none/vllm-none; and CPU per image,
+    vllm-none/aiomm-none. A ratio whose systems were not both measured is left out; one that
+    would divide by 0 is None."""
+    by = {(r.server, r.concurrency): r for r in results}
+    out = []
+    for c in dict.fromkeys(r.concurrency for r in results):
+        tensors, none, vllm = (by.get((s, c)) for s in PLAN_SYSTEMS)
+        row: dict[str, Any] = {"concurrency": c}
+        if tensors and none:
+            row["cpu_per_image_tensors_over_none"] = _ratio(
+                tensors.cpu_ms_per_image, none.cpu_ms_per_image
+            )
+        if none and vllm:
+            row["images_per_s_aiomm_none_over_vllm_none"] = _ratio(
+                none.images_per_s, vllm.images_per_s
+            )
+            row["cpu_per_image_vllm_none_over_aiomm_none"] = _ratio(
+                vllm.cpu_ms_per_image, none.cpu_ms_per_image
+            )
+        out.append(row)
+    return out
+
+
+def _times(ratio: float | None) -> str:
+    return "n/a (no CPU measured)" if ratio is None else f"x{ratio:.2f}"
+
+
+def plan_ratio_lines(ratios: list[dict[str, Any]]) -> list[str]:
+    """:func:`plan_ratios` as the lines the benchmark prints."""
+    labels = {
+        "cpu_per_image_tensors_over_none": "aiomm CPU per image, tensors/none",
+        "images_per_s_aiomm_none_over_vllm_none": "images/s, aiomm-none/vllm-none",
+        "cpu_per_image_vllm_none_over_aiomm_none": "CPU per image, vllm-none/aiomm-none",
+    }
+    return [
+        f"c={row['concurrency']}: {label} {_times(row[key])}"
+        for row in ratios
+        for key, label in labels.items()
+        if key in row
+    ]
 
 
 def listening_sockets(port: int) -> int | None:
@@ -587,10 +705,24 @@ def main(argv: list[str] | None = None) -> int:
         "its installed package (pip install --no-deps --target DIR CHECKOUT); with "
         "--compare-flags, those are its flags, else the same as aiomm's",
     )
+    parser.add_argument(
+        "--plans",
+        action="store_true",
+        help="routing plans against tensors: aiomm-tensors, aiomm-none (one aiomm server, "
+        "item cache off) and, with --vllm-venv, vllm-none (processor cache off), on the same "
+        "distinct images (--repeat-frac 0; --mm-payload ignored)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     if args.warm < 0:
         parser.error(f"--warm must be 0 or more, got {args.warm}")
+    if args.plans:
+        if args.compare_flags is not None or args.compare_build is not None:
+            parser.error("--plans runs one aiomm server: no --compare-flags or --compare-build")
+        if args.cache_gb not in (None, 0):
+            parser.error(f"--plans runs aiomm with its cache off, not --cache-gb {args.cache_gb}")
+        # every image distinct, no item (or plan) cached: each request is computed whole
+        args.cache_gb, args.repeat_frac, args.mm_payload = 0, 0.0, "tensors"
 
     # the servers start in the logs folder: a relative path would resolve there
     folder = Path(args.model_folder).resolve()
@@ -646,6 +778,8 @@ def main(argv: list[str] | None = None) -> int:
                 '{"video": 0}',
                 "--disable-uvicorn-access-log",
             ]
+            if args.plans:
+                vllm += ["--mm-processor-cache-gb", "0"]
             venv_env = {
                 **env,
                 "VLLM_TARGET_DEVICE": "cpu",
@@ -659,19 +793,29 @@ def main(argv: list[str] | None = None) -> int:
         pool = stack.enter_context(
             ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("spawn"))
         )
-        warmed = warm(servers, args, pool)
-        raw = measure(servers, args, pool)
+        payloads = None
+        if args.plans:
+            # two systems on the aiomm server's one URL and process, one at a time
+            servers = {
+                system: servers[server]
+                for system, (server, _) in PLAN_SYSTEMS.items()
+                if server in servers
+            }
+            payloads = {system: payload for system, (_, payload) in PLAN_SYSTEMS.items()}
+        warmed = warm(servers, args, pool, payloads)
+        raw = measure(servers, args, pool, payloads)
     results = _combine(raw)
     load = os.getloadavg()
     print(
         f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
         f"on {os.cpu_count()} cores (other jobs share this machine)"
     )
-    header = f"{'server':7} {'c':>3} {'img/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/img':>10}"
+    w = max([7, *(len(r.server) for r in results)])
+    header = f"{'server':{w}} {'c':>3} {'img/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/img':>10}"
     print(header + f" {'cores':>6} {'load gen':>8} {'idle':>5} {'MB recv':>8}")
     for r in results:
         print(
-            f"{r.server:7} {r.concurrency:>3} {r.images_per_s:>7} {r.p50_ms:>8} {r.p99_ms:>8} "
+            f"{r.server:{w}} {r.concurrency:>3} {r.images_per_s:>7} {r.p50_ms:>8} {r.p99_ms:>8} "
             f"{r.server_cpu_ms_per_image:>10} {r.server_cores_busy:>6} {r.client_cores:>8} "
             f"{r.machine_idle_cores:>5} {r.mb_received:>8}"
         )
@@ -693,17 +837,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"CPU per image x{a.server_cpu_ms_per_image / b.server_cpu_ms_per_image:.2f}, "
                     f"p50 x{a.p50_ms / b.p50_ms:.2f}"
                 )
+    report: dict[str, Any] = {
+        "combined": [_row(r) for r in results],
+        "rounds": [_row(r) for r in raw],
+        "warm": [_row(r) for r in warmed],
+    }
+    if args.plans:
+        report["ratios"] = plan_ratios(results)
+        print("\n".join(plan_ratio_lines(report["ratios"])))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "combined": [_row(r) for r in results],
-                    "rounds": [_row(r) for r in raw],
-                    "warm": [_row(r) for r in warmed],
-                },
-                indent=1,
-            )
-        )
+        args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 

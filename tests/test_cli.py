@@ -27,12 +27,17 @@ def _restore_aiomm_logging() -> Iterator[None]:
             logger.removeHandler(handler)
 
 
+def _photo(folder: Path) -> Path:
+    image = folder / "photo.jpg"
+    image.write_bytes(encode(photo_like(np.random.default_rng(0), 90, 120), "JPEG"))
+    return image
+
+
 @pytest.mark.parametrize("name", [info.short_name for info in supported_adapters()])
 def test_run_an_image_with_every_model(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    image = tmp_path / "photo.jpg"
-    image.write_bytes(encode(photo_like(np.random.default_rng(0), 90, 120), "JPEG"))
+    image = _photo(tmp_path)
     output = tmp_path / "out.jsonl"
     argv = ["run", str(image), "--model", name, "--no-progress", "--output", str(output)]
     code = main([*argv, "--allowed-root", str(tmp_path)])
@@ -43,6 +48,25 @@ def test_run_an_image_with_every_model(
     record = json.loads(line)
     assert record["ok"] and record["placeholders"]["image"][0][1] > 0
     assert record["tensors"]["pixel_values"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("name", [info.short_name for info in supported_adapters()])
+def test_plan_an_image_with_every_model(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image = _photo(tmp_path)
+    rows = []
+    for plan in (False, True):
+        output = tmp_path / f"out-{plan}.jsonl"
+        argv = ["run", str(image), "--model", name, "--no-progress", "--output", str(output)]
+        code = main([*argv, "--allowed-root", str(tmp_path), *(["--plan"] if plan else [])])
+        assert code == 0, capsys.readouterr().out
+        (line,) = output.read_text().splitlines()
+        rows.append(json.loads(line))
+    full, planned = rows
+    assert planned["ok"] and planned["tensors"] == {}
+    assert planned["num_tokens"] == full["num_tokens"]
+    assert planned["placeholders"] == full["placeholders"]
 
 
 def test_summary_of_failed_requests_prints_no_nan(

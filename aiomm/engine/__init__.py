@@ -6,6 +6,7 @@ decoded-bytes budget (``_byte_budget``) and the bounded :class:`ResultStream` of
 from ._engine import Engine as Engine
 from ._engine import EngineStats as EngineStats
 from ._engine import LimiterStats as LimiterStats
+from ._pipeline import PLAN_SOURCES as PLAN_SOURCES
 from ._stream import ResultStream as ResultStream
 
-__all__ = ("Engine", "EngineStats", "LimiterStats", "ResultStream")
+__all__ = ("PLAN_SOURCES", "Engine", "EngineStats", "LimiterStats", "ResultStream")

@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,9 @@ class EngineStats:
     cache: Any
     fetch: Any
     device: DeviceStageStatistics
+    #: items of routing plans (:meth:`Engine.plan`) by how each was made: ``header``,
+    #: ``decoded``, ``processed`` (an adapter that cannot plan), ``cached``
+    plans: dict[str, int] = field(default_factory=dict)
 
 
 class Engine:
@@ -293,6 +296,7 @@ class Engine:
                 video_limits=VideoLimits(
                     cfg.decode.max_video_frames, cfg.decode.max_video_bytes, self.max_pixels
                 ),
+                inline_bytes=cfg.hash_in_thread_bytes,
             ),
             assemble=AssembleStage(self.processor),
             output=OutputStage(self.device),
@@ -391,6 +395,32 @@ class Engine:
         rid = request.request_id or random_hex(6)
         return await self._process_request(rid, request, device)
 
+    async def plan(self, request: Request) -> Result:
+        """The routing plan of one request: its prompt token ids with the placeholders
+        expanded, the placeholder ranges and each item's id and cache key, as :meth:`process`
+        gives them, without processing a pixel.
+
+        Each item's size comes from its header where the header decides it (a complete JPEG or
+        PNG, a video read to its end: :mod:`aiomm.media.header`), else from decoding it; it is
+        never resized or patchified. A processed item or a plan cached for the same key
+        answers at once. ``Result.items`` holds each item's prompt fields (e.g.
+        ``image_grid_thw``); ``mm_kwargs`` is empty. A request :meth:`process` would refuse is
+        refused with the same error.
+
+        :raises AiommError: as :meth:`process`.
+        :raises EngineClosedError: if the engine is not open.
+        """
+        rid = request.request_id or random_hex(6)
+        return await self._process_request(rid, request, False, plan=True)
+
+    async def plan_safe(self, request: Request) -> Result:
+        """Like :meth:`plan`, but a failure becomes ``Result.error`` instead of raising."""
+        rid = request.request_id or random_hex(6)
+        try:
+            return await self._process_request(rid, request, False, plan=True)
+        except AiommError as exc:
+            return Result(request_id=rid, error=exc)
+
     async def process_safe(self, request: Request, *, device: bool = True) -> Result:
         """Like :meth:`process`, but a failure becomes ``Result.error`` instead of raising."""
         rid = request.request_id or random_hex(6)
@@ -399,7 +429,9 @@ class Engine:
         except AiommError as exc:
             return Result(request_id=rid, error=exc)
 
-    async def _process_request(self, rid: str, request: Request, device: bool) -> Result:
+    async def _process_request(
+        self, rid: str, request: Request, device: bool, *, plan: bool = False
+    ) -> Result:
         self.task_group  # noqa: B018  (raises EngineClosedError when closed)
         assert self._pipeline is not None
         t0 = time.perf_counter()
@@ -411,7 +443,9 @@ class Engine:
                 timings["admission"] = time.perf_counter() - t0
                 self._admitted(1)
                 try:
-                    result = await self._pipeline.run(rid, request, timings, device=device)
+                    result = await self._pipeline.run(
+                        rid, request, timings, device=device, plan=plan
+                    )
                 except AiommError:
                     raise
                 except Exception as exc:
@@ -428,8 +462,9 @@ class Engine:
                         message=str(error), timings_ms=_ms(timings))  # fmt: skip
             raise
         timings["total"] = time.perf_counter() - t0
-        self._images += len(request.images)
-        self._videos += len(request.videos)
+        if not plan:
+            self._images += len(request.images)
+            self._videos += len(request.videos)
         self._recorder.record_all(timings)
         if log.isEnabledFor(logging.DEBUG):  # the event's fields cost more than the check
             log.debug("request_done", request_id=rid, timings_ms=_ms(timings),
@@ -452,6 +487,7 @@ class Engine:
         ordered: bool = True,
         max_in_flight: int | None = None,
         raise_errors: bool = False,
+        plan: bool = False,
     ) -> ResultStream:
         """Stream results for ``requests``; use as ``async with engine.stream(src) as results:``.
 
@@ -459,13 +495,13 @@ class Engine:
         requests (default ``config.max_in_flight``) have been taken from the source and not yet
         yielded, so a slow consumer stops the producer. ``ordered=False`` yields in completion
         order. A failed request yields a ``Result`` carrying its typed error, unless
-        ``raise_errors`` is set.
+        ``raise_errors`` is set. ``plan=True`` yields routing plans (:meth:`plan`) instead.
 
         :raises EngineClosedError: if the engine is not open when iteration starts.
         """
         return ResultStream(
             lambda: self.task_group,
-            self.process_safe,
+            self.plan_safe if plan else self.process_safe,
             requests,
             ordered=ordered,
             max_in_flight=max_in_flight or self.config.max_in_flight,
@@ -525,6 +561,7 @@ class Engine:
             device=device_stats,
             cache=None if pipeline is None else pipeline.cache.cache_statistics(),
             fetch=None if pipeline is None else pipeline.load.fetcher.statistics(),
+            plans={} if pipeline is None else dict(pipeline.plans),
         )
 
 

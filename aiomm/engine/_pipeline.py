@@ -1,10 +1,11 @@
 """The pipeline: composes the stages for one request (the only module that knows them all).
 
 ``load -> hash -> cache (-> transform on a miss)`` runs per item (image or video), concurrently
-for a request's items; ``assemble -> output`` runs once per request. Admission happens in the
-engine, before a request enters. Errors are typed and carry the request id (and the item index
-where one item failed); a request's other items are cancelled with it, other requests go on.
-"""
+for a request's items; ``assemble -> output`` runs once per request. A routing plan runs ``load
+-> hash -> cache (-> the transform stage's plan on a miss) -> assemble``: no pixels. Admission
+happens in the engine, before a request enters. Errors are typed and carry the request id (and
+the item index where one item failed); a request's other items are cancelled with it, other
+requests go on."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ from aiomm.types import Request, Result
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ("Pipeline",)
+__all__ = ("PLAN_SOURCES", "Pipeline")
+
+#: how an item's routing plan was made (``Pipeline.plans``)
+PLAN_SOURCES = ("header", "decoded", "processed", "cached")
 
 
 @dataclass
@@ -69,23 +73,33 @@ class Pipeline:
         self.output = output
         self.return_items = return_items
         self.stages = (load, hash, cache, transform, assemble, output)
+        #: routing plans made, by how: from the ``header``, ``decoded``, ``processed`` (an
+        #: adapter that cannot plan), ``cached`` (a processed item or a plan of the same key)
+        self.plans: dict[str, int] = dict.fromkeys(PLAN_SOURCES, 0)
 
     async def run(
-        self, rid: str, request: Request, timings: dict[str, float], *, device: bool = True
+        self,
+        rid: str,
+        request: Request,
+        timings: dict[str, float],
+        *,
+        device: bool = True,
+        plan: bool = False,
     ) -> Result:
-        """Process ``request`` (already admitted); ``device=False`` skips the device stage.
+        """Process ``request`` (already admitted); ``device=False`` skips the device stage;
+        ``plan=True`` makes its routing plan instead (no pixels, :meth:`Engine.plan`).
 
         :raises AiommError: the first typed error of an item or a stage, with ``rid`` (and the
             item's index) attached; an unexpected exception becomes a ``ProcessingError``.
         """
         try:
-            return await self._run(rid, request, timings, device)
+            return await self._run(rid, request, timings, device, plan)
         except AiommError as exc:
             exc.with_context(request_id=rid)
             raise
 
     async def _run(
-        self, rid: str, request: Request, timings: dict[str, float], device: bool
+        self, rid: str, request: Request, timings: dict[str, float], device: bool, plan: bool
     ) -> Result:
         kwargs = dict(request.mm_processor_kwargs or {})
         self.transform.processor.validate_hf_kwargs(kwargs)
@@ -105,10 +119,12 @@ class Pipeline:
         items = [_Item() for _ in range(n)]
         item_timings: list[dict[str, float]] = [{} for _ in range(n)]
 
+        load_item = self._plan_item if plan else self._load_item
+
         async def one(i: int) -> None:
             kind = "image" if i < n_images else "video"
             try:
-                await self._load_item(
+                await load_item(
                     kind, sources[i], hashes[i], request.tenant, kwargs, items[i], item_timings[i]
                 )
             except AiommError as exc:
@@ -140,9 +156,22 @@ class Pipeline:
             loaded[:n_images],  # type: ignore[arg-type]
             kwargs,
             videos=loaded[n_images:],  # type: ignore[arg-type]
+            normalization=not plan,
         )
         timings["assemble"] = time.perf_counter() - t
 
+        if plan:
+            return Result(
+                request_id=rid,
+                prompt_token_ids=processed.prompt_token_ids,
+                mm_placeholders=processed.mm_placeholders,
+                item_hashes=[it.key for it in items],
+                item_ids=[it.id for it in items],
+                items=list(loaded),  # type: ignore[arg-type]
+                cache=[it.outcome for it in items],
+                timings=timings,
+                fidelity=self.transform.fidelity,
+            )
         merged: dict[str, Any] = {}
         if not device or not self.return_items:
             # host rows (device=False) are merged in a worker thread even with return_items
@@ -176,12 +205,11 @@ class Pipeline:
         key is in a namespace of its own (its bytes never share an image's entry), and holds the
         processor kwargs (the sampling parameters among them)."""
         cache = self.cache
-        namespace = "" if kind == "image" else "video:"
         if supplied_id is not None:
             # An id given by the client keys the item: a hit in any tier skips even the
             # download, so the download is part of the computation.
             out.id = supplied_id
-            out.key = cache.key(namespace + supplied_id, kwargs, supplied=True, tenant=tenant)
+            out.key = self._key(kind, supplied_id, kwargs, supplied=True, tenant=tenant)
             hit = cache.lookup(out.key)
             if hit is not None:
                 out.item, out.outcome = hit, CacheOutcome.HIT
@@ -199,7 +227,7 @@ class Pipeline:
             return
 
         raw, out.id = await self._hash(kind, await self._fetch(source, timings), timings)
-        out.key = cache.key(namespace + out.id, kwargs)
+        out.key = self._key(kind, out.id, kwargs)
 
         async def compute() -> MultiModalKwargsItem:
             return await self._compute(kind, raw, kwargs, timings)
@@ -207,6 +235,68 @@ class Pipeline:
         t = time.perf_counter()
         out.item, out.outcome = await cache.get_or_compute(out.key, compute)
         timings["cache_and_compute"] = time.perf_counter() - t
+
+    async def _plan_item(
+        self,
+        kind: str,
+        source: Any,
+        supplied_id: str | None,
+        tenant: str | None,
+        kwargs: Mapping[str, Any],
+        out: _Item,
+        timings: dict[str, float],
+    ) -> None:
+        """One item's routing plan: the cached item or plan of its key, else the transform
+        stage's plan (which reads the header, or decodes), else the item processed and cached
+        as :meth:`_load_item` would (an adapter that cannot plan)."""
+        cache = self.cache
+        if supplied_id is not None:
+            out.id = supplied_id
+            out.key = self._key(kind, supplied_id, kwargs, supplied=True, tenant=tenant)
+            if self._planned_before(out):
+                return
+            raw = await self._fetch(source, timings)
+            if is_in_memory(raw):
+                raw, _ = await self._hash(kind, raw, timings)
+        else:
+            raw, out.id = await self._hash(kind, await self._fetch(source, timings), timings)
+            out.key = self._key(kind, out.id, kwargs)
+            if self._planned_before(out):
+                return
+        make = self.transform.plan if kind == "image" else self.transform.plan_video
+        item, how = await make(raw, kwargs, timings)
+        if item is None:
+
+            async def compute() -> MultiModalKwargsItem:
+                return await self._compute(kind, raw, kwargs, timings)
+
+            out.item, out.outcome = await cache.get_or_compute(out.key, compute)
+        else:
+            out.item, out.outcome = item, CacheOutcome.MISS
+            cache.plan_store(out.key, item)
+        self.plans[how] += 1
+
+    def _key(
+        self,
+        kind: str,
+        item_id: str,
+        kwargs: Mapping[str, Any],
+        *,
+        supplied: bool = False,
+        tenant: str | None = None,
+    ) -> str:
+        """An item's cache key (:meth:`CacheStage.key`), a video's in a namespace of its own."""
+        namespace = "" if kind == "image" else "video:"
+        return self.cache.key(namespace + item_id, kwargs, supplied=supplied, tenant=tenant)
+
+    def _planned_before(self, out: _Item) -> bool:
+        """Take the processed item or the plan cached for ``out.key``, if there is one."""
+        found = self.cache.lookup(out.key) or self.cache.plan_lookup(out.key)
+        if found is None:
+            return False
+        out.item, out.outcome = found, CacheOutcome.HIT
+        self.plans["cached"] += 1
+        return True
 
     async def _compute(
         self, kind: str, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]

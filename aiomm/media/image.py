@@ -42,6 +42,7 @@ __all__ = (
     "DecodeConfig",
     "EncodedImage",
     "ImageInfo",
+    "check_header",
     "decode_image",
     "decode_peak_bytes",
     "image_from_object",
@@ -157,6 +158,11 @@ class EncodedImage:
                 image.mode, image.width, image.height, fmt=fmt, alpha=alpha, mapped=mapped
             ),
         )
+
+    @property
+    def header(self) -> PIL.Image.Image:
+        """The opened image, its pixels not decoded (read its header, never load it)."""
+        return self._image
 
     def decode(self, *, reduce_to: tuple[int, int] | None = None) -> np.ndarray:
         """The pixels, as :func:`decode_image` returns them (``reduce_to``: see there).
@@ -414,6 +420,18 @@ def _open(
         image.close()
         raise
     return image
+
+
+def check_header(
+    image: PIL.Image.Image, size: int, *, max_pixels: int, max_pixels_per_byte: int | None = None
+) -> None:
+    """The checks :func:`open_encoded` applies to a header, for an image opened otherwise from
+    ``size`` encoded bytes.
+
+    :raises DecodeError, ImageTooLargeError: as :func:`probe_image`.
+    """
+    _check_pixels(image.width, image.height, max_pixels, image.format)
+    _check_density(image, size, max_pixels_per_byte)
 
 
 def _check_density(image: PIL.Image.Image, size: int, max_pixels_per_byte: int | None) -> None:

@@ -26,6 +26,7 @@ from aiomm.errors import DecodeError, EmptyVideoError, InvalidSourceError, Video
 __all__ = (
     "DEFAULT_MAX_VIDEO_BYTES",
     "DEFAULT_MAX_VIDEO_FRAMES",
+    "SampledVideo",
     "Sampler",
     "VideoClip",
     "VideoInfo",
@@ -87,6 +88,31 @@ class VideoClip:
             "height": int(self.frames.shape[1]),
             "width": int(self.frames.shape[2]),
         }
+
+
+@dataclass(frozen=True)
+class SampledVideo:
+    """A video's sampled frames without their pixels: how many, their size, and where they come
+    from (what a routing plan needs of a :class:`VideoClip`)."""
+
+    num_frames: int
+    height: int
+    width: int
+    fps: float | None
+    total_num_frames: int
+    frames_indices: tuple[int, ...]
+
+    @classmethod
+    def of(cls, info: VideoInfo, indices: Sequence[int]) -> SampledVideo:
+        """The frames ``indices`` of a video whose header is ``info``."""
+        return cls(
+            len(indices), info.height, info.width, info.fps, info.total_num_frames, tuple(indices)
+        )
+
+    @classmethod
+    def of_clip(cls, clip: VideoClip) -> SampledVideo:
+        t, height, width = clip.frames.shape[:3]
+        return cls(t, height, width, clip.fps, clip.total_num_frames, tuple(clip.frames_indices))
 
 
 #: ``VideoInfo -> frame indices`` (non-decreasing, within ``[0, total_num_frames)``)

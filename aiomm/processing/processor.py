@@ -37,9 +37,11 @@ from aiomm.errors import (
 )
 from aiomm.kernels import ChannelLayout, FusedMMInputNorm
 from aiomm.logging import get_logger
+from aiomm.media.video import SampledVideo
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import (
     FieldConfig,
+    MultiModalFieldConfig,
     MultiModalKwargsItem,
     merge_items,
     split_items,
@@ -52,6 +54,7 @@ __all__ = (
     "MultiModalConfig",
     "NormalizationParams",
     "ProcessedInputs",
+    "planned_item",
 )
 
 log = get_logger(__name__)
@@ -196,6 +199,26 @@ class BaseMultiModalProcessor:
         """
         return None
 
+    # ------------------------------------------------------------------ routing plans
+
+    def plan_image(
+        self, height: int, width: int, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem | None:
+        """The item of a ``height x width`` image (as decoded) without its pixels: the fields
+        its prompt update reads, equal to the processed item's (``Engine.plan``). None: this
+        adapter cannot plan, the image is processed instead.
+
+        :raises ItemRejectedError, ProcessingError: what processing the image would raise for
+            its size and ``hf_kwargs``.
+        """
+        return None
+
+    def plan_video(
+        self, video: SampledVideo, hf_kwargs: Mapping[str, Any]
+    ) -> MultiModalKwargsItem | None:
+        """As :meth:`plan_image`, for a video's sampled frames (their count and size)."""
+        return None
+
     # ------------------------------------------------------------------ public API
 
     def apply(
@@ -258,8 +281,12 @@ class BaseMultiModalProcessor:
         prompt_token_ids: Sequence[int],
         mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
         hf_kwargs: Mapping[str, Any] | None = None,
+        *,
+        normalization: bool = True,
     ) -> ProcessedInputs:
-        """Apply prompt updates for already processed items (fresh or from a cache)."""
+        """Apply prompt updates for already processed items (fresh or from a cache);
+        ``normalization=False`` leaves ``ProcessedInputs.normalization`` None (no pixels to
+        normalise: a routing plan)."""
         hf_kwargs = dict(hf_kwargs or {})
         prompt = self._postprocess_prompt(list(prompt_token_ids))
         counts = {m: len(items) for m, items in mm_kwargs.items()}
@@ -270,7 +297,7 @@ class BaseMultiModalProcessor:
             mm_placeholders=placeholders,
             mm_kwargs=dict(mm_kwargs),
             normalization=self._get_normalization_params(hf_kwargs)
-            if self.device_normalize
+            if self.device_normalize and normalization
             else None,
         )
 
@@ -395,6 +422,24 @@ class BaseMultiModalProcessor:
         new = copy.copy(self)
         new.hf_processor = copy.deepcopy(self.hf_processor)
         return new
+
+
+def planned_item(
+    modality: str, prompt_data: Mapping[str, Any] | None = None, **fields: Any
+) -> MultiModalKwargsItem:
+    """A routing plan's item: ``fields`` (lists become int64 tensors, as the processed item
+    holds them) and ``prompt_data``, no pixels."""
+    data = {
+        # (through numpy: a third of torch.tensor's cost for a few ints)
+        key: torch.from_numpy(np.array(value, dtype=np.int64)) if isinstance(value, list) else value
+        for key, value in fields.items()
+    }
+    return MultiModalKwargsItem(
+        modality,
+        data,
+        {key: MultiModalFieldConfig.batched(modality) for key in data},
+        dict(prompt_data or {}),
+    )
 
 
 def image_size(image: Any) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from aiomm.cache.peer import PeerCacheStatistics
+from aiomm.engine import PLAN_SOURCES
 from aiomm.processing.image_ops import scratch_bytes
 
 __all__ = ("ServerMetrics",)
@@ -39,6 +40,17 @@ class ServerMetrics:
         )
         self.images = Counter("aiomm_images", "Images rendered", registry=r)
         self.cache = Counter("aiomm_cache_items", "Item cache outcomes", ["outcome"], registry=r)
+        self.plans = Counter(
+            "aiomm_plans",
+            "Items of routing plans served (mm_payload none), by how each was made: header, "
+            "decoded, processed, cached",
+            ["source"],
+            registry=r,
+        )
+        for source in PLAN_SOURCES:
+            self.plans.labels(source)
+        self._plans_seen: dict[str, int] = {}
+        self._stage_children: dict[str, Any] = {}
         self.bytes_in = Counter("aiomm_bytes_in", "Request body bytes", registry=r)
         self.bytes_out = Counter("aiomm_bytes_out", "Response body bytes", registry=r)
         self.errors = Counter("aiomm_errors", "Errors by type", ["type"], registry=r)
@@ -96,8 +108,12 @@ class ServerMetrics:
         )
 
     def observe_timings(self, timings: dict[str, float]) -> None:
+        children = self._stage_children
         for stage, seconds in timings.items():
-            self.stage.labels(stage).observe(seconds)
+            child = children.get(stage)
+            if child is None:  # labels() takes a lock and builds its key: once a stage
+                child = children[stage] = self.stage.labels(stage)
+            child.observe(seconds)
 
     def render(self, engine_stats: Any | None, pools: Mapping[str, Any] | None = None) -> bytes:
         """The exposition text, with the engine's queues and cache refreshed; ``pools``: the
@@ -109,6 +125,12 @@ class ServerMetrics:
             self.capacity.labels(name).set(q.capacity)
             self.limit.labels(name).set(q.limit)
         if engine_stats is not None:
+            for source, value in getattr(engine_stats, "plans", {}).items():
+                # the engine counts from its start: the counter takes what was added since
+                seen = self._plans_seen.get(source, 0)
+                if value > seen:
+                    self.plans.labels(source).inc(value - seen)
+                    self._plans_seen[source] = value
             cache = engine_stats.cache
             for event in ("hits", "misses", "joins", "evictions", "oversize_skips"):
                 value = getattr(cache, event, None)

@@ -400,7 +400,8 @@ class RenderService:
             video_hashes=[part.uuid for part in videos],
         )
         try:
-            result = await self.engine.process(request)
+            # without tensors, the routing plan: the same ids, hashes and placeholders, no pixels
+            result = await (self.engine.process(request) if tensors else self.engine.plan(request))
         except AiommError as exc:
             raise from_aiomm_error(exc) from exc
         hits = sum(1 for c in result.cache if c.value == "hit")

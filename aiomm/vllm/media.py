@@ -31,6 +31,7 @@ from blake3 import blake3
 from aiomm.config import DecodeConfig
 from aiomm.engine.stages import PillowDecoder
 from aiomm.errors import ConfigError, DecodeError, ImageTooLargeError, VideoTooLargeError
+from aiomm.media.header import decided_size
 from aiomm.media.image import DEFAULT_FORMATS, open_encoded
 from aiomm.media.video import VideoInfo, decode_video, sampled_bytes
 from aiomm.vllm.mm_hash import image_mm_hash, video_mm_hash
@@ -52,6 +53,8 @@ __all__ = (
 )
 
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA"})
+#: the largest encoded image whose opened header a thread keeps for the routing plan after it
+_REMEMBERED_BYTES = 1 << 20
 _ORIENTATION_TAG = 0x0112
 #: EXIF orientations that move pixels (1 is upright)
 _TRANSPOSED = frozenset(range(2, 9))
@@ -153,12 +156,39 @@ class VllmDecoder(PillowDecoder):
         self.video_loader = video_loader
         self._probes: OrderedDict[bytes, VideoInfo] = OrderedDict()
         self._lock = threading.Lock()
+        #: per thread, the last image header the hasher opened (:meth:`remember_header`)
+        self._header = threading.local()
 
     # no reduce_to: the engine asks for a reduced decode only of a PillowDecoder itself (the fast
     # fidelity checks ``type(decoder) is PillowDecoder``), never of a subclass
     def decode(self, data: bytes) -> np.ndarray:  # type: ignore[override]
         """:raises DecodeError, ImageTooLargeError: see :func:`load_image`."""
         return load_image(data, **self.limits)[0]
+
+    def plan_size(self, data: bytes) -> tuple[int, int] | None:
+        """The decoded ``(height, width)``, the EXIF orientation applied, when the header
+        decides it, else None (:func:`aiomm.media.header.decided_size`; the header
+        :class:`VllmHasher` opened for the same bytes in this thread is not parsed again).
+
+        :raises DecodeError, ImageTooLargeError: see :func:`load_image`.
+        """
+        opened = getattr(self._header, "image", None)
+        if opened is not None and self._header.data is not data:
+            opened = None
+        return decided_size(data, **self.limits, upright=True, opened=opened)
+
+    def remember_header(self, data: bytes, image: PIL.Image.Image) -> None:
+        """Keep ``image``, ``data`` opened, for this thread's next :meth:`plan_size` of the
+        same bytes object (one per thread; the one before is let go)."""
+        self._header.data, self._header.image = data, image
+
+    def video_header_decides(self, info: VideoInfo) -> bool:
+        """Whether the sampled frames of a video of ``info`` are known without decoding them:
+        its count was read to the stream's end, not estimated."""
+        return (
+            bool(getattr(info, "end_seen", False))
+            and getattr(info, "readable_frames", None) is None
+        )
 
     def probe_video(self, data: bytes) -> VideoInfo:
         """A video's header as vLLM's OpenCV capture reports it (the frames it samples from).
@@ -201,14 +231,23 @@ def vllm_mm_hash(data: bytes, model_id: str) -> str:
 
     :raises DecodeError: ``data`` is not a recognised image.
     """
+    with _opened(data) as image:
+        return image_mm_hash(data, model_id, mode_converted=converts_mode(image))
+
+
+def _opened(data: bytes) -> PIL.Image.Image:
+    """``data`` opened by Pillow (its header parsed, no pixel decoded).
+
+    :raises DecodeError: ``data`` is not a recognised image.
+    """
     try:
-        with PIL.Image.open(io.BytesIO(data)) as image:
-            converted = converts_mode(image)
+        image = PIL.Image.open(io.BytesIO(data))
+        converts_mode(image)  # reads the header's mode and transparency
     except Exception as exc:
         raise DecodeError(
             f"not a recognised image ({len(data)} bytes): {type(exc).__name__}"
         ) from exc
-    return image_mm_hash(data, model_id, mode_converted=converted)
+    return image
 
 
 class VllmHasher:
@@ -226,7 +265,12 @@ class VllmHasher:
 
     def hash_image(self, data: bytes) -> str:
         """:raises DecodeError: ``data`` is not a recognised image."""
-        return vllm_mm_hash(data, self.model_id)
+        image = _opened(data)
+        if len(data) <= _REMEMBERED_BYTES:
+            # a routing plan reads the same header next (VllmDecoder.plan_size); larger bytes
+            # are not kept alive by a thread's memory of them
+            self.decoder.remember_header(data, image)
+        return image_mm_hash(data, self.model_id, mode_converted=converts_mode(image))
 
     def hash_video(self, data: bytes) -> str:
         """:raises VideoTooLargeError: above ``max_video_bytes``.

@@ -103,6 +103,9 @@ class VllmVideoInfo(VideoInfo):
     them, and so does :func:`sample_indices`."""
 
     readable_frames: int | None = None
+    #: the stream was read to its end at frame ``total_num_frames`` (OpenCV's seek to the end
+    #: landed there): the header's count is the frames a decode gets
+    end_seen: bool = False
 
 
 def _rate(value: Any) -> float:
@@ -164,6 +167,7 @@ def probe_video_vllm(data: bytes) -> VideoInfo:
         fps = _rate(stream.average_rate) or _rate(stream.guessed_rate)
         total = int(stream.frames)
         readable = None
+        end_seen = False
         if total == 0:
             if container.duration is not None and container.duration > 0:
                 seconds = container.duration / 1_000_000  # AV_TIME_BASE
@@ -179,6 +183,7 @@ def probe_video_vllm(data: bytes) -> VideoInfo:
             visible, at_end = _end_position(data, total, fps)
             if at_end and 0 < visible < total - 1:
                 total = visible  # vLLM trusts its end-of-stream position over the header
+            end_seen = at_end and visible == total
         height, width = int(stream.height), int(stream.width)
     except av.FFmpegError as exc:
         raise DecodeError(f"corrupt video header: {exc}") from exc
@@ -190,7 +195,7 @@ def probe_video_vllm(data: bytes) -> VideoInfo:
         raise DecodeError(f"the video stream has no frame size ({width}x{height})")
     if fps <= 0:
         raise DecodeError("the video has no frame rate (variable or unknown): cannot sample it")
-    return VllmVideoInfo(total, fps, height, width, readable_frames=readable)
+    return VllmVideoInfo(total, fps, height, width, readable_frames=readable, end_seen=end_seen)
 
 
 def _frame_rate(info: VideoInfo) -> float:

@@ -121,11 +121,16 @@ def main() -> None:
     parser.add_argument(
         "--videos", type=float, default=0.0, help="share of chat requests with a clip"
     )
+    parser.add_argument(
+        "--none",
+        type=float,
+        help="the share of chat requests with mm_payload none (default: one in five)",
+    )
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write each differing case here as a fixture")
     args = parser.parse_args()
 
-    requests = random_requests(args.seed, args.model, videos=args.videos)
+    requests = random_requests(args.seed, args.model, videos=args.videos, none=args.none)
     picked = (next(requests) for _ in range(args.n))
     t0 = time.monotonic()
     report = asyncio.run(compare(args.aiomm, args.vllm, picked, concurrency=args.concurrency))

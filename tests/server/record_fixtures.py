@@ -24,9 +24,14 @@ tests/server/fixtures_qwen2_5_vl --only video_...``). The GLM-4V video fixtures
 (``fixtures_glm4v/``: ``video_short``, ``video_three_frames``, ``video_two_short``) came
 from a server for ``tests/support/glm4v_folder.py``'s folder at ``/tmp/vllm-probe/glm4v``, with
 ``MM_CACHE_GB=0``; the GLM-OCR one (``fixtures_glm_ocr/video_one_second``) from a server for
-its ``build_glm_ocr_folder`` folder at ``/tmp/vllm-probe/glmocr``. The video cases need the
-server started with videos allowed (``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are
-made here with PyAV (seeded frames, a few codecs and containers).
+its ``build_glm_ocr_folder`` folder at ``/tmp/vllm-probe/glmocr``. On 2026-12-06 ``video_mm_none``
+was recorded into ``fixtures_glm4v/`` and ``fixtures_glm_ocr/`` from servers for those two folders
+(``MM_CACHE_GB=0``), and ``chat_mm_none`` into ``fixtures_mistral3/`` and
+``fixtures_nemotron_vl/`` from servers for the ``aiomm.adapters.folders.write_model_folder``
+folders at ``/tmp/vllm-probe/mistral3`` and ``/tmp/vllm-probe/nemotron-embed`` (``MM_CACHE_GB=0``,
+the default ``LIMIT_MM``). The video cases need the server started with videos allowed
+(``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded frames, a
+few codecs and containers).
 """
 
 from __future__ import annotations

@@ -384,3 +384,53 @@ def test_a_client_leaving_mid_body_is_a_disconnect(loop: str) -> None:
         assert app.messages == [("http.disconnect", 0, False)], app.messages
         assert _post(server.port, b"next") == b"4", "the server serves the next client"
     assert app.bodies == [b"next"]
+
+
+class _Recording:
+    """A plain transport that records its writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_headers_and_a_small_body_leave_in_one_write() -> None:
+    async def main() -> list[list[bytes]]:
+        seen = []
+        recording = _Recording()
+        direct = DirectWriteTransport(recording)  # type: ignore[arg-type]
+        direct.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        direct.write(b'{"ok": true}')
+        seen.append(list(recording.writes))
+        # alone, a small write leaves on the loop's next turn
+        direct.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        assert len(recording.writes) == 1
+        await asyncio.sleep(0)
+        seen.append(list(recording.writes))
+        # a large write sends what is held first, in order; close sends what is held
+        direct.write(b"head")
+        direct.write(BODY[:DIRECT_WRITE_BYTES])
+        direct.write(b"tail")
+        direct.close()
+        seen.append(recording.writes[2:])
+        return seen
+
+    joined, continued, rest = asyncio.run(main())
+    assert joined == [b'HTTP/1.1 200 OK\r\n\r\n{"ok": true}']
+    assert continued[1] == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert rest == [b"head", BODY[:DIRECT_WRITE_BYTES], b"tail"]

@@ -228,11 +228,14 @@ def _chat(rng: random.Random, model: str, media: list[dict[str, Any]]) -> dict[s
 
 
 def random_requests(
-    seed: int, model: str, *, videos: float = 0.0
+    seed: int, model: str, *, videos: float = 0.0, none: float | None = None
 ) -> Iterator[tuple[str, dict[str, Any], list[str]]]:
     """Endless ``(path, body, what)`` requests for a server whose model is named ``model``;
-    ``videos``: the share of chat requests that carry a clip; ``what`` describes the media."""
+    ``videos``: the share of chat requests that carry a clip; ``none``: the share of chat
+    requests with ``mm_payload: "none"`` (routing plans; default one in five, drawn with the
+    rest); ``what`` describes the media."""
     rng = random.Random(seed)
+    choose = random.Random(seed + 1)
     while True:
         images = [random_image(rng) for _ in range(rng.randint(1, 3))]
         what = [repr(spec) for _, _, spec in images]
@@ -249,7 +252,12 @@ def random_requests(
                     {"type": "video_url", "video_url": {"url": _url(mime, clip)}},
                 )
                 what.append(described)
-            yield "/v1/chat/completions/render", _chat(rng, model, media), what
+            body = _chat(rng, model, media)
+            if none is not None:  # drawn apart: the same seed gives the same media
+                body.pop("mm_payload", None)
+                if choose.random() < none:
+                    body["mm_payload"] = "none"
+            yield "/v1/chat/completions/render", body, what
         elif api == "responses":
             content: list[dict[str, Any]] = [{"type": "input_text", "text": _text(rng)}]
             content += [{"type": "input_image", "image_url": _url(m, d)} for m, d, _ in images]

@@ -52,9 +52,11 @@ class AssembleStage(Stage):
         kwargs: Mapping[str, Any],
         *,
         videos: Sequence[MultiModalKwargsItem] = (),
+        normalization: bool = True,
     ) -> ProcessedInputs:
         """Prompt updates for ``items`` (images) and ``videos`` (each in prompt order) applied to
-        ``prompt_ids``.
+        ``prompt_ids`` (``normalization=False``: without the device normalisation's parameters,
+        for a routing plan).
 
         :raises ItemCountMismatchError: items and placeholders differ in number.
         :raises PromptUpdateError: an update cannot be applied.
@@ -63,4 +65,6 @@ class AssembleStage(Stage):
             mm_kwargs = {"image": list(items)} if items else {}
             if videos:
                 mm_kwargs["video"] = list(videos)
-            return self.processor.assemble(prompt_ids, mm_kwargs, kwargs)
+            return self.processor.assemble(
+                prompt_ids, mm_kwargs, kwargs, normalization=normalization
+            )

@@ -2,14 +2,14 @@
 
 Input: a content hash (or a client-supplied one) and the request's processor kwargs. Output: the
 item, from the cache or from the computation given (started once per key however many requests
-ask at once). With ``shared_cache_url`` the computation first asks the Redis tier shared by every
-replica (:mod:`aiomm.cache.redis`). Runs on the event loop; computations run in the engine's
-task group.
-"""
+ask at once); for a routing plan, the plan made earlier for the same key. With
+``shared_cache_url`` the computation first asks the Redis tier shared by every replica
+(:mod:`aiomm.cache.redis`). Runs on the event loop; computations run in the engine's task group."""
 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -19,7 +19,10 @@ from aiomm.processing.fields import MultiModalKwargsItem
 
 from ._stage import Stage
 
-__all__ = ("CacheStage",)
+__all__ = ("PLANS_KEPT", "CacheStage")
+
+#: routing plans kept by the cache stage (:meth:`CacheStage.plan_lookup`)
+PLANS_KEPT = 65536
 
 
 class CacheStage(Stage):
@@ -46,6 +49,7 @@ class CacheStage(Stage):
         self.trust_supplied_hashes = trust_supplied_hashes
         self._fingerprint = fingerprint
         self._normalize_mode = normalize_mode
+        self._plans: OrderedDict[str, MultiModalKwargsItem] = OrderedDict()
 
     def key(
         self,
@@ -70,6 +74,25 @@ class CacheStage(Stage):
             processor_kwargs=kwargs,
             normalize_mode=self._normalize_mode,
         )
+
+    def plan_lookup(self, key: str) -> MultiModalKwargsItem | None:
+        """The routing plan of ``key`` made earlier, or None (a few dozen bytes an entry, kept
+        apart from the items, the most recent :data:`PLANS_KEPT`)."""
+        if not self.enabled:
+            return None
+        item = self._plans.get(key)
+        if item is not None:
+            self._plans.move_to_end(key)
+        return item
+
+    def plan_store(self, key: str, item: MultiModalKwargsItem) -> None:
+        """Keep the routing plan of ``key`` (:meth:`plan_lookup`)."""
+        if not self.enabled:
+            return
+        self._plans[key] = item
+        self._plans.move_to_end(key)
+        while len(self._plans) > PLANS_KEPT:
+            self._plans.popitem(last=False)
 
     def lookup(self, key: str) -> MultiModalKwargsItem | None:
         """The cached item of ``key`` now, counted as a hit, or None (not counted: the

@@ -25,8 +25,10 @@ import torch
 from aiomm.config import DecodeConfig, Fidelity
 from aiomm.engine._byte_budget import ByteBudget
 from aiomm.engine._worker_pool import WorkerPool
+from aiomm.media.header import decided_size
 from aiomm.media.image import EncodedImage, ImageInfo, decode_image, open_encoded, probe_image
 from aiomm.media.video import (
+    SampledVideo,
     VideoClip,
     VideoInfo,
     check_budget,
@@ -57,8 +59,11 @@ class Decoder(Protocol):
 
 
 #: a decoder may also define ``probe_video(data) -> VideoInfo``, the video header its frames are
-#: sampled from (default :func:`aiomm.media.video.probe_video`, HF's ``read_video_pyav`` rule), and
-#: ``sample_video(info) -> indices``, which then replaces the processor's ``sample_frames``
+#: sampled from (default :func:`aiomm.media.video.probe_video`, HF's ``read_video_pyav`` rule),
+#: ``sample_video(info) -> indices``, which then replaces the processor's ``sample_frames``,
+#: ``plan_size(data) -> (height, width) | None``, the decoded size when the header decides it
+#: (without it every planned image is decoded), and ``video_header_decides(info) -> bool``,
+#: whether a video's sampled frames are known from its header (without it, they are decoded)
 
 
 class PillowDecoder:
@@ -92,6 +97,14 @@ class PillowDecoder:
         """
         return decode_image(data, reduce_to=reduce_to, **self.limits)
 
+    def plan_size(self, data: bytes) -> tuple[int, int] | None:
+        """The decoded ``(height, width)`` when the header decides it, else None
+        (:func:`aiomm.media.header.decided_size`).
+
+        :raises DecodeError, ImageTooLargeError: see :func:`aiomm.media.image.probe_image`.
+        """
+        return decided_size(data, **self.limits)
+
     def open(self, data: bytes) -> EncodedImage:
         """:meth:`probe` and :meth:`decode` of ``data`` in one parse of its header.
 
@@ -122,6 +135,7 @@ class TransformStage(Stage):
         budget: ByteBudget,
         fidelity: Fidelity = "exact",
         video_limits: VideoLimits | None = None,
+        inline_bytes: int = 1 << 20,
     ) -> None:
         super().__init__(None)  # bounded by its own pool instead of a limiter (statistics())
         #: the worker threads (the engine closes them when it closes)
@@ -133,6 +147,9 @@ class TransformStage(Stage):
         #: (the caller checked that the decoder is a :class:`PillowDecoder`)
         self.fidelity: Fidelity = fidelity
         self.video_limits = video_limits or VideoLimits(768, 1 << 30, 1 << 26)
+        #: a routing plan reads the header of encoded bytes below this size on the loop (a
+        #: thread hop costs more than the header)
+        self.inline_bytes = inline_bytes
         self._local = threading.local()
         # A decoder that keeps PillowDecoder's probe and decode has their header parsed once an
         # image (a subclass that overrides either is called as it asks).
@@ -283,6 +300,119 @@ class TransformStage(Stage):
             finally:
                 self.budget.release(nbytes)
             return item
+
+    # ------------------------------------------------------------------ routing plans
+
+    async def plan(
+        self, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
+    ) -> tuple[MultiModalKwargsItem | None, str]:
+        """The plan of the image ``raw`` (encoded bytes, or an RGB array) and how it was made:
+        ``"header"`` (the size read from the header), ``"decoded"`` (decoded to know it). None
+        (with ``"processed"``): the adapter cannot plan, the caller processes the item.
+
+        :raises DecodeError, ImageTooLargeError, ItemRejectedError, ProcessingError: what
+            processing the image would raise.
+        """
+        t = time.perf_counter()
+        with self.counted():
+            kwargs = dict(kwargs)
+            if isinstance(raw, (bytes, bytearray, memoryview)):
+                data = bytes(raw)
+                plan_size = getattr(self.decoder, "plan_size", None)
+                size = None
+                if plan_size is not None:
+                    # a header costs less than a thread hop, unless the bytes are large
+                    inline = len(data) < self.inline_bytes
+                    size = plan_size(data) if inline else await self.workers.run(plan_size, data)
+                if size is not None:
+                    height, width = size
+                    item, how = self.processor.plan_image(height, width, kwargs), "header"
+                else:
+                    item, how = await self._plan_by_decoding(data, kwargs), "decoded"
+            else:
+                height, width = raw.shape[:2]
+                item, how = self.processor.plan_image(height, width, kwargs), "header"
+        timings["plan"] = time.perf_counter() - t
+        return item, how if item is not None else "processed"
+
+    async def _plan_by_decoding(
+        self, data: bytes, kwargs: dict[str, Any]
+    ) -> MultiModalKwargsItem | None:
+        # the decode is admitted against the byte budget as a processed image's is
+        # (_compute_encoded): one worker trip while the budget has room, else wait on the loop
+        taken = [0]
+        try:
+            first = await self.workers.run(self._probe_and_plan, data, kwargs, taken)
+            if isinstance(first, ImageInfo):
+                nbytes = int(first.peak_bytes)
+                await self.budget.acquire(nbytes)
+                taken[0] = nbytes
+                return await self.workers.run(self._decoded_plan, data, kwargs)
+            return first
+        finally:
+            if taken[0]:
+                self.budget.release(taken[0])
+
+    def _probe_and_plan(
+        self, data: bytes, kwargs: dict[str, Any], taken: list[int]
+    ) -> MultiModalKwargsItem | ImageInfo | None:
+        """Worker thread: the plan from the decoded size, or the header's info when its bytes
+        do not fit the budget now."""
+        info = self.decoder.probe(data)
+        if not self._admit(info, taken):
+            return info
+        return self._decoded_plan(data, kwargs)
+
+    def _decoded_plan(self, data: bytes, kwargs: dict[str, Any]) -> MultiModalKwargsItem | None:
+        height, width = self.decoder.decode(data).shape[:2]
+        return self.processor.plan_image(height, width, kwargs)
+
+    async def plan_video(
+        self, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
+    ) -> tuple[MultiModalKwargsItem | None, str]:
+        """As :meth:`plan`, for the video ``raw`` (encoded bytes, or a clip of frames): from
+        the header where the decoder says it decides the sampled frames, else from the
+        sampled frames decoded."""
+        processor: Any = self.processor
+        limits = self.video_limits
+        t0 = time.perf_counter()
+        with self.counted():
+            if isinstance(raw, (bytes, bytearray, memoryview)):
+                data = bytes(raw)
+                probe = getattr(self.decoder, "probe_video", probe_video)
+                info = await self.workers.run(probe, data)
+                sample = getattr(self.decoder, "sample_video", None)
+                indices = sample(info) if sample else processor.sample_frames(info, kwargs)
+                check_budget(info, indices, **limits._asdict())
+                decides = getattr(self.decoder, "video_header_decides", None)
+                how = "header"
+                if decides is not None and decides(info):
+                    video = SampledVideo.of(info, indices)
+                else:
+                    nbytes = sampled_bytes(info, len(indices))
+                    await self.budget.acquire(nbytes)
+                    try:
+                        clip = await self.workers.run(
+                            functools.partial(
+                                decode_video, data, lambda _: indices, info=info,
+                                **limits._asdict(),
+                            )
+                        )  # fmt: skip
+                    finally:
+                        self.budget.release(nbytes)
+                    video, how = SampledVideo.of_clip(clip), "decoded"
+            else:
+                clip = raw
+                frames, height, width = clip.frames.shape[:3]
+                indices = processor.sample_frames(VideoInfo(frames, None, height, width), kwargs)
+                if list(indices) == list(range(frames)):
+                    video = SampledVideo.of_clip(clip)
+                else:
+                    video = SampledVideo(len(indices), height, width, None, frames, tuple(indices))
+                how = "header"
+            item = processor.plan_video(video, kwargs)
+        timings["plan"] = time.perf_counter() - t0
+        return item, how if item is not None else "processed"
 
     def statistics(self) -> StageStatistics:
         s = self.workers.statistics()

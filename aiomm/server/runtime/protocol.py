@@ -8,7 +8,9 @@ copy. So a large write that finds nothing queued in the transport goes to the so
 what does not fit is handed to the transport, which queues it and keeps every later write
 behind it, so the bytes stay in order. Small writes, any write behind queued data, and every
 transport not known to write its bytes to the socket unchanged (TLS, proxies) take the
-transport's own path.
+transport's own path. A small write (a response's status line and headers) waits for the next
+one until the loop's next turn: a response with a small body leaves in one send instead of two
+(each send on loopback also costs the kernel's delivery to the client).
 
 Request bodies go the other way: uvicorn hands the app a body in pieces of about 64 KiB, pausing
 the socket after each one until the app has taken it, so a request with megabytes of data URLs
@@ -30,11 +32,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from aiomm.server.runtime import balance as connection_balance
 from aiomm.server.runtime.balance import ConnectionBalance
 
-__all__ = ("DIRECT_WRITE_BYTES", "DirectWriteTransport", "RenderHttpProtocol")
+__all__ = ("DIRECT_WRITE_BYTES", "HELD_WRITE_BYTES", "DirectWriteTransport", "RenderHttpProtocol")
 
 #: writes from this size on go to the socket with the GIL released (the response writer sends
 #: base64 in pieces of at least 64 KiB; headers and small bodies stay on the transport)
 DIRECT_WRITE_BYTES = 1 << 16
+#: writes below this size wait for the next write until the loop's next turn (a response's
+#: status line and headers, then its body: one send, one segment on the wire)
+HELD_WRITE_BYTES = 1 << 14
 #: (module, class) of the transports that write the bytes they are given to their socket as they
 #: are: uvloop's and asyncio's plain socket transports (asyncio's ``sock.send`` releases the
 #: GIL already; it is here so that both loops behave alike)
@@ -48,13 +53,17 @@ _PLAIN_TRANSPORTS = frozenset(
 
 
 class DirectWriteTransport:
-    """A transport whose large writes go straight to its socket when nothing is queued;
-    everything else is the wrapped transport's."""
+    """A transport whose large writes go straight to its socket when nothing is queued, and
+    whose small writes wait for the next one until the loop's next turn (a response's headers
+    and a small body leave in one send); everything else is the wrapped transport's."""
 
-    __slots__ = ("_fd", "_transport")
+    __slots__ = ("_fd", "_held", "_transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+        #: a small write not sent yet: joined with the next write, else sent on the loop's
+        #: next turn (:meth:`_flush`), or before the transport closes
+        self._held: bytes | None = None
         kind = (type(transport).__module__, type(transport).__qualname__)
         sock = transport.get_extra_info("socket")
         # a TLS transport's socket carries ciphertext: never write plain bytes to it
@@ -71,6 +80,18 @@ class DirectWriteTransport:
         transport = self._transport
         if not isinstance(data, bytes | bytearray):
             data = memoryview(data).cast("B")  # lengths and offsets below count bytes
+        held = self._held
+        if held is not None:
+            self._held = None
+            if len(data) < DIRECT_WRITE_BYTES:
+                data = held + data  # one send for both (a copy of a small write)
+            else:
+                transport.write(held)
+        elif len(data) < HELD_WRITE_BYTES and not transport.is_closing():
+            # a response's headers: its body usually follows in the same turn of the loop
+            self._held = bytes(data)
+            asyncio.get_running_loop().call_soon(self._flush)
+            return
         if (
             self._fd >= 0
             and len(data) >= DIRECT_WRITE_BYTES
@@ -86,6 +107,24 @@ class DirectWriteTransport:
                 return
             data = memoryview(data)[sent:]
         transport.write(data)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        """Send what is held, then close the transport (it sends what it queued first)."""
+        self._flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
 
 
 class RenderHttpProtocol(HttpToolsProtocol):
