@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import anyio
@@ -287,3 +288,13 @@ async def test_a_job_that_returned_is_no_longer_counted_as_running(pool: WorkerP
 def test_at_least_one_thread() -> None:
     with pytest.raises(ValueError, match="threads=0"):
         WorkerPool(0, "aiomm-test")
+
+
+async def test_busy_seconds_count_the_jobs_run_time(pool: WorkerPool) -> None:
+    assert pool.statistics().busy_seconds == 0.0
+    await pool.run(time.sleep, 0.2)
+    await pool.run(time.sleep, 0.1)
+    busy = pool.statistics().busy_seconds
+    assert 0.3 <= busy < 1.0
+    await anyio.sleep(0.2)  # idle time is not counted
+    assert pool.statistics().busy_seconds == busy

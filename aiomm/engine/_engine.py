@@ -99,6 +99,8 @@ class EngineStats:
     #: items of routing plans (:meth:`Engine.plan`) by how each was made: ``header``,
     #: ``decoded``, ``processed`` (an adapter that cannot plan), ``cached``
     plans: dict[str, int] = field(default_factory=dict)
+    #: seconds the transform threads spent running jobs, summed over threads, since the start
+    transform_busy_seconds: float = 0.0
 
 
 class Engine:
@@ -562,6 +564,9 @@ class Engine:
             cache=None if pipeline is None else pipeline.cache.cache_statistics(),
             fetch=None if pipeline is None else pipeline.load.fetcher.statistics(),
             plans={} if pipeline is None else dict(pipeline.plans),
+            transform_busy_seconds=0.0
+            if pipeline is None
+            else pipeline.transform.workers.statistics().busy_seconds,
         )
 
 

@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +53,8 @@ class WorkerPoolStatistics:
     in_use: int
     waiting: int
     limit: int
+    #: seconds the threads spent running jobs, summed over threads, since the pool started
+    busy_seconds: float = 0.0
 
 
 #: a queued job: the caller's context, the call and the future its caller awaits
@@ -73,6 +76,7 @@ class _Shared:
         self.closed = False
         # jobs started and running (the workers' counts, under the lock)
         self.started = self.running = 0
+        self.busy_seconds = 0.0  # jobs' run time, summed over threads (under the lock)
 
     def close(self) -> None:
         """Refuse nothing (the pool does that) but let every thread end once the queue is
@@ -103,11 +107,13 @@ class _Shared:
                 self.running += 1
             result: object = None
             error: BaseException | None = None
+            began = time.perf_counter()
             try:
                 result = context.run(fn, *args)
             except BaseException as exc:  # the caller's to see, as an executor would
                 error = exc
             with gate:
+                self.busy_seconds += time.perf_counter() - began
                 self.running -= 1
                 if self.closed and not self.queue:
                     gate.notify_all()  # the idle threads end too
@@ -202,8 +208,9 @@ class WorkerPool:
         shared = self._shared
         with shared.lock:
             started, running, limit = shared.started, shared.running, shared.limit
+            busy = shared.busy_seconds
         queued = max(0, self._submitted - self._dropped - started)
-        return WorkerPoolStatistics(self.capacity, running, queued, limit)
+        return WorkerPoolStatistics(self.capacity, running, queued, limit, busy)
 
     async def aclose(self) -> None:
         """Refuse new jobs, let the submitted ones finish and join the threads (off the loop:

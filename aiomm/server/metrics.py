@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +52,17 @@ class ServerMetrics:
             self.plans.labels(source)
         self._plans_seen: dict[str, int] = {}
         self._stage_children: dict[str, Any] = {}
+        self.saturation = Gauge(
+            "aiomm_saturation",
+            "How close this process is to its capacity, 0 to 1 (event_loop, transform_threads: "
+            "busy share since the previous scrape; requests: admitted and waiting over the "
+            "limit, now; any: the largest)",
+            ["resource"],
+            registry=r,
+        )
+        #: (wall clock, the loop thread's CPU, the transform threads' busy seconds) at the
+        #: previous scrape: saturation is averaged between scrapes
+        self._last_scrape = (time.perf_counter(), time.thread_time(), 0.0)
         self.bytes_in = Counter("aiomm_bytes_in", "Request body bytes", registry=r)
         self.bytes_out = Counter("aiomm_bytes_out", "Response body bytes", registry=r)
         self.errors = Counter("aiomm_errors", "Errors by type", ["type"], registry=r)
@@ -115,6 +127,26 @@ class ServerMetrics:
                 child = children[stage] = self.stage.labels(stage)
             child.observe(seconds)
 
+    def _set_saturation(self, engine_stats: Any | None, queues: Mapping[str, Any]) -> None:
+        """``aiomm_saturation``: called on the event loop's thread (``thread_time`` is its
+        CPU), once a scrape."""
+        wall, loop_cpu, busy = time.perf_counter(), time.thread_time(), 0.0
+        last_wall, last_loop_cpu, last_busy = self._last_scrape
+        span = max(wall - last_wall, 1e-9)
+        shares = {"event_loop": min((loop_cpu - last_loop_cpu) / span, 1.0)}
+        transform = queues.get("transform")
+        if engine_stats is not None and transform is not None:
+            busy = float(getattr(engine_stats, "transform_busy_seconds", 0.0))
+            threads = max(int(transform.limit), 1)
+            shares["transform_threads"] = min(max(busy - last_busy, 0.0) / (span * threads), 1.0)
+        requests = queues.get("requests")
+        if requests is not None and requests.capacity:
+            shares["requests"] = (requests.in_use + requests.waiting) / requests.capacity
+        self._last_scrape = (wall, loop_cpu, busy)
+        for resource, share in shares.items():
+            self.saturation.labels(resource).set(round(share, 4))
+        self.saturation.labels("any").set(round(max(shares.values()), 4))
+
     def render(self, engine_stats: Any | None, pools: Mapping[str, Any] | None = None) -> bytes:
         """The exposition text, with the engine's queues and cache refreshed; ``pools``: the
         server's own worker pools by queue name (``WorkerPoolStatistics``)."""
@@ -124,6 +156,7 @@ class ServerMetrics:
             self.waiting.labels(name).set(q.waiting)
             self.capacity.labels(name).set(q.capacity)
             self.limit.labels(name).set(q.limit)
+        self._set_saturation(engine_stats, queues)
         if engine_stats is not None:
             for source, value in getattr(engine_stats, "plans", {}).items():
                 # the engine counts from its start: the counter takes what was added since
