@@ -52,6 +52,7 @@ from aiomm.errors import AiommError, ConfigError, EngineClosedError, ProcessingE
 from aiomm.logging import get_logger
 from aiomm.media.fetch import MediaFetcher
 from aiomm.processing.processor import BaseMultiModalProcessor
+from aiomm.tracing import past_span, span, tracing_enabled
 from aiomm.tuning import malloc as memory
 from aiomm.tuning.malloc import tune_malloc
 from aiomm.tuning.pillow import keep_pillow_blocks, pillow_blocks_limit, release_pillow_blocks
@@ -230,6 +231,7 @@ class Engine:
         if self._tg is not None:
             raise EngineClosedError("this Engine is already open")
         cfg = self.config
+        tracing_enabled()  # spans from here on when the host configured OpenTelemetry
         # Process-wide settings, only those the configuration asks for (aiomm.tuning): the last
         # engine to close undoes them (aiomm.tuning.malloc).
         memory.engine_opened()
@@ -436,13 +438,24 @@ class Engine:
     ) -> Result:
         self.task_group  # noqa: B018  (raises EngineClosedError when closed)
         assert self._pipeline is not None
-        t0 = time.perf_counter()
+        attributes = {
+            "aiomm.images": len(request.images),
+            "aiomm.videos": len(request.videos),
+            "aiomm.plan": plan,
+        }
+        with span("aiomm.request", attributes):
+            return await self._traced_request(rid, request, device, plan)
+
+    async def _traced_request(self, rid: str, request: Request, device: bool, plan: bool) -> Result:
+        assert self._pipeline is not None
+        t0, wall0 = time.perf_counter(), time.time_ns()
         timings: dict[str, float] = {}
         try:
             sources = (*request.images, *request.videos)
             network = any(is_network(source) for source in sources)
             async with self.admission.admit(network=network):
                 timings["admission"] = time.perf_counter() - t0
+                past_span("aiomm.admission", wall0, time.time_ns())
                 self._admitted(1)
                 try:
                     result = await self._pipeline.run(

@@ -29,6 +29,7 @@ from aiomm.engine.stages import (
 from aiomm.engine.stages.load import is_in_memory
 from aiomm.errors import AiommError, ProcessingError, UnknownModalityError, first_error
 from aiomm.processing.fields import MultiModalKwargsItem
+from aiomm.tracing import set_attribute, span
 from aiomm.types import Request, Result
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -151,13 +152,14 @@ class Pipeline:
         t = time.perf_counter()
         loaded = [it.item for it in items]
         assert all(item is not None for item in loaded)
-        processed = self.assemble.assemble(
-            prompt_ids,
-            loaded[:n_images],  # type: ignore[arg-type]
-            kwargs,
-            videos=loaded[n_images:],  # type: ignore[arg-type]
-            normalization=not plan,
-        )
+        with span("aiomm.assemble"):
+            processed = self.assemble.assemble(
+                prompt_ids,
+                loaded[:n_images],  # type: ignore[arg-type]
+                kwargs,
+                videos=loaded[n_images:],  # type: ignore[arg-type]
+                normalization=not plan,
+            )
         timings["assemble"] = time.perf_counter() - t
 
         if plan:
@@ -176,7 +178,8 @@ class Pipeline:
         if not device or not self.return_items:
             # host rows (device=False) are merged in a worker thread even with return_items
             t = time.perf_counter()
-            merged = await (self.output.run if device else self.output.run_host)(processed)
+            with span("aiomm.device", {"aiomm.device": device}):
+                merged = await (self.output.run if device else self.output.run_host)(processed)
             timings["device"] = time.perf_counter() - t
         return Result(
             request_id=rid,
@@ -222,7 +225,9 @@ class Pipeline:
                 return await self._compute(kind, raw, kwargs, timings)
 
             t = time.perf_counter()
-            out.item, out.outcome = await cache.get_or_compute(out.key, load_and_compute)
+            with span("aiomm.cache") as current:
+                out.item, out.outcome = await cache.get_or_compute(out.key, load_and_compute)
+                set_attribute(current, "aiomm.cache.outcome", out.outcome.value)
             timings["cache_and_compute"] = time.perf_counter() - t
             return
 
@@ -233,7 +238,9 @@ class Pipeline:
             return await self._compute(kind, raw, kwargs, timings)
 
         t = time.perf_counter()
-        out.item, out.outcome = await cache.get_or_compute(out.key, compute)
+        with span("aiomm.cache") as current:
+            out.item, out.outcome = await cache.get_or_compute(out.key, compute)
+            set_attribute(current, "aiomm.cache.outcome", out.outcome.value)
         timings["cache_and_compute"] = time.perf_counter() - t
 
     async def _plan_item(
@@ -264,7 +271,9 @@ class Pipeline:
             if self._planned_before(out):
                 return
         make = self.transform.plan if kind == "image" else self.transform.plan_video
-        item, how = await make(raw, kwargs, timings)
+        with span("aiomm.plan", {"aiomm.modality": kind}) as current:
+            item, how = await make(raw, kwargs, timings)
+            set_attribute(current, "aiomm.plan.source", how)
         if item is None:
 
             async def compute() -> MultiModalKwargsItem:
@@ -301,21 +310,24 @@ class Pipeline:
     async def _compute(
         self, kind: str, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
     ) -> MultiModalKwargsItem:
-        if kind == "image":
-            return await self.transform.compute(raw, kwargs, timings)
-        return await self.transform.compute_video(raw, kwargs, timings)
+        with span("aiomm.transform", {"aiomm.modality": kind}):
+            if kind == "image":
+                return await self.transform.compute(raw, kwargs, timings)
+            return await self.transform.compute_video(raw, kwargs, timings)
 
     async def _fetch(self, source: Any, timings: dict[str, float]) -> Any:
         t = time.perf_counter()
-        raw = await self.load.load(source)
+        with span("aiomm.fetch"):
+            raw = await self.load.load(source)
         timings["fetch"] = time.perf_counter() - t
         return raw
 
     async def _hash(self, kind: str, raw: Any, timings: dict[str, float]) -> tuple[Any, str]:
         t = time.perf_counter()
-        if kind == "image":
-            raw, item_id = await self.hash.hash(raw)
-        else:
-            raw, item_id = await self.hash.hash_video(raw)
+        with span("aiomm.hash"):
+            if kind == "image":
+                raw, item_id = await self.hash.hash(raw)
+            else:
+                raw, item_id = await self.hash.hash_video(raw)
         timings["hash"] = time.perf_counter() - t
         return raw, item_id

@@ -19,6 +19,7 @@ from aiomm.server.data_urls import attach, lift_data_urls
 from aiomm.server.disconnect import until_disconnect
 from aiomm.server.json_chunks import ChunkedJSONResponse, dumps_chunks
 from aiomm.server.state import StateHolder
+from aiomm.tracing import attached, extract_context, set_attribute, span
 from aiomm.vllm.content import Parsed
 from aiomm.vllm.errors import ApiError
 
@@ -147,6 +148,16 @@ def endpoint(
     keeps serving), and counts the request as ``name`` in the metrics and the log."""
 
     async def run(request: Request) -> Response:
+        # a trace the client started (W3C traceparent) is this request's parent
+        with (
+            attached(extract_context(request.headers)),
+            span("aiomm.render", {"aiomm.endpoint": name}) as current,
+        ):
+            response = await answer(request)
+            set_attribute(current, "http.response.status_code", response.status_code)
+            return response
+
+    async def answer(request: Request) -> Response:
         t0 = time.perf_counter()
         try:
             body = await read_body(request, holder, max_body_bytes, lift)

@@ -12,7 +12,7 @@ answered with less; ``skip_special_tokens`` and ``stream_options`` (``include_us
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -23,6 +23,7 @@ from aiomm.engine._worker_pool import WorkerPool
 from aiomm.processing.tokenize import plain_backend
 from aiomm.server.json_chunks import dumps as dumps_json
 from aiomm.server.readiness import DependencyDown
+from aiomm.tracing import inject_context, set_attribute, span
 from aiomm.vllm.errors import ApiError
 from aiomm.vllm.request_values import flag
 
@@ -112,6 +113,14 @@ class IncrementalText:
             return self.stream.step(self.backend, token_id)
 
 
+def trace_headers() -> dict[str, str]:
+    """The current span's ``traceparent`` header (empty when tracing is off), for an upstream
+    call made after the span ends (a streamed response)."""
+    headers: dict[str, str] = {}
+    inject_context(headers)
+    return headers
+
+
 def _client_status(upstream: int) -> int:
     """The status a client gets for the upstream's error ``upstream``: 502 for the upstream's
     own failures and for its refusal of the gateway's key (401 / 403: the gateway's
@@ -192,11 +201,13 @@ class Upstream:
         """
         gen = {**gen, "stream": False}
         try:
-            resp = await self.client.post(
-                "/inference/v1/generate",
-                content=await self._body(gen),
-                headers={"content-type": "application/json"},
-            )
+            with span("aiomm.upstream") as current:
+                headers = {"content-type": "application/json"}
+                inject_context(headers)  # the engine's spans join this request's trace
+                resp = await self.client.post(
+                    "/inference/v1/generate", content=await self._body(gen), headers=headers
+                )
+                set_attribute(current, "http.response.status_code", resp.status_code)
         except httpx.HTTPError as exc:
             raise ApiError(f"upstream unreachable: {type(exc).__name__}", status=502) from exc
         if resp.status_code != 200:
@@ -240,8 +251,17 @@ class Upstream:
             "usage": usage,
         }
 
-    async def stream(self, gen: dict[str, Any], *, chat: bool, model: str) -> AsyncIterator[bytes]:
+    async def stream(
+        self,
+        gen: dict[str, Any],
+        *,
+        chat: bool,
+        model: str,
+        trace: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[bytes]:
         """OpenAI SSE events for ``gen``; an upstream failure ends the stream with an error event.
+        ``trace``: the ``traceparent`` header of the request's span (:func:`trace_headers`,
+        taken before the response streams: the span has ended by the time this runs).
 
         Leaving the iteration early (a client that disconnected) closes the upstream stream.
         """
@@ -287,12 +307,10 @@ class Upstream:
 
         if chat:
             yield event(None, None, role=True)
+        headers = {"content-type": "application/json", **(trace or {})}
         try:
             async with self.client.stream(
-                "POST",
-                "/inference/v1/generate",
-                content=await self._body(gen),
-                headers={"content-type": "application/json"},
+                "POST", "/inference/v1/generate", content=await self._body(gen), headers=headers
             ) as resp:
                 if resp.status_code != 200:
                     body = (await resp.aread())[:300].decode(errors="replace")

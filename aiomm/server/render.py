@@ -29,6 +29,7 @@ from aiomm.errors import (
     AiommError,
     ItemCountMismatchError,
 )
+from aiomm.tracing import span
 from aiomm.types import Request
 from aiomm.vllm.chat_template import ChatRenderer
 from aiomm.vllm.content import ImagePart, Parsed, media_url
@@ -417,15 +418,16 @@ class RenderService:
             # megabytes of casts, copying and base64 per image: off the event loop (with
             # encode_on_send only the casts and documents, the base64 as the response is sent)
             try:
-                kwargs_data, metadata = await self.encode_pool.run(
-                    functools.partial(
-                        encode_items,
-                        result.items,
-                        self.wire,
-                        float_dtype=self.float_dtype,
-                        lazy=self.encode_on_send,
+                with span("aiomm.encode"):
+                    kwargs_data, metadata = await self.encode_pool.run(
+                        functools.partial(
+                            encode_items,
+                            result.items,
+                            self.wire,
+                            float_dtype=self.float_dtype,
+                            lazy=self.encode_on_send,
+                        )
                     )
-                )
             except AiommError as exc:  # the pool closed: the server is stopping (503)
                 raise from_aiomm_error(exc) from exc
             place_payload(feats, result.items, kwargs_data, metadata)

@@ -21,7 +21,7 @@ from aiomm.server.endpoint import (
     parsed_media,
     render_json_response,
 )
-from aiomm.server.gateway import refuse_unanswerable
+from aiomm.server.gateway import refuse_unanswerable, trace_headers
 from aiomm.server.readiness import ReadinessReport
 from aiomm.server.state import StateHolder
 from aiomm.vllm.content import Parsed, parse_anthropic, parse_chat, parse_responses
@@ -153,7 +153,8 @@ class Routes:
         model = str(body.get("model") or s.service.served_names[0])
         if gen["stream"]:  # the body's, read as a bool field by generate_request
             return StreamingResponse(
-                s.upstream.stream(gen, chat=chat, model=model), media_type="text/event-stream"
+                s.upstream.stream(gen, chat=chat, model=model, trace=trace_headers()),
+                media_type="text/event-stream",
             )
         return json_response(await s.upstream.complete(gen, chat=chat, model=model))
 

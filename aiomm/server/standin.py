@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiomm.tracing import attached, extract_context, span, tracing_enabled
+
 __all__ = ("ModelSpec", "StandIn", "answer", "create_standin_app", "main", "run", "validate")
 
 #: GenerateRequest's keys (vLLM 0.33) and the types each takes; ``None`` is always allowed
@@ -478,6 +480,7 @@ class StandIn:
         self.abandoned: list[str] = []
         self.authorizations: list[str | None] = []
         self.health_probes = 0
+        tracing_enabled()  # spans when the host configured OpenTelemetry
         self.app = Starlette(
             routes=[
                 Route("/inference/v1/generate", self.generate, methods=["POST"]),
@@ -524,12 +527,18 @@ class StandIn:
         return self._json(ApiError(message, status=400, param=errors[0].param).body(), 400)
 
     async def generate(self, request: Any) -> Any:
+
+        if not self._authorized(request):
+            return self._unauthorized()
+        # the gateway's trace goes on here, as a traced engine's would
+        with attached(extract_context(request.headers)), span("aiomm.standin.generate"):
+            return await self._generate(request)
+
+    async def _generate(self, request: Any) -> Any:
         import anyio
         import orjson
         from starlette.responses import StreamingResponse
 
-        if not self._authorized(request):
-            return self._unauthorized()
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
