@@ -56,6 +56,17 @@ family's HF processor expands:
   transformers' Chameleon examples use (the processor itself appends the ``<reserved08706>``
   separator in chat mode);
 - Llama Nemotron VL: Llama 3's header template with ``<image>`` per image.
+- LLaVA-NeXT: ``[INST] `` turns with the images first (``<image>\\n`` each), then the text,
+  `` [/INST]`` (``llava-hf/llava-v1.6-mistral-7b-hf``);
+- LLaVA-OneVision: ``<|im_start|>role `` turns with the images first (``<image>``), then the
+  videos (``<video>``), then each text after a newline, ``<|im_end|>``
+  (``llava-hf/llava-onevision-qwen2-7b-ov-hf``).
+- Llama 4: ``<|begin_of_text|>``, ``<|header_start|>role<|header_end|>\\n\\n`` turns ending
+  ``<|eot|>``, ``<|image|>`` per image (``meta-llama/Llama-4-Scout-17B-16E-Instruct``).
+- InternVL 3 / 3.5 (``-hf`` checkpoints): ChatML, an image as ``<IMG_CONTEXT>\\n``
+  (``OpenGVLab/InternVL3-1B-hf``'s template without its default system prompt).
+- Gemma 3: ``<start_of_turn>user\\n...<end_of_turn>\\n`` turns with ``<start_of_image>`` per image,
+  the system prompt prefixed to the first user turn (``google/gemma-3-4b-it``).
 """
 
 from __future__ import annotations
@@ -145,6 +156,46 @@ LLAMA3_VL_TEMPLATE = (
     "<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
+LLAMA4_TEMPLATE = (
+    "<|begin_of_text|>{% for message in messages %}"
+    "<|header_start|>{{ message['role'] }}<|header_end|>\n\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|image|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|eot|>{% endfor %}"
+    "{% if add_generation_prompt %}<|header_start|>assistant<|header_end|>\n\n{% endif %}"
+)
+#: llava-hf/llava-v1.6-mistral-7b-hf's: ``[INST] `` with a turn's images first (``<image>\n``
+#: each), then its text, `` [/INST]``; a system prompt in ``<<SYS>>`` markers
+LLAVA_NEXT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ '<<SYS>>\n' }}{% elif message['role'] == 'user' %}"
+    "{{ '[INST] ' }}{% elif message['role'] == 'assistant' %}{{ ' ' }}{% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<image>\n' }}{% endif %}{% endfor %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% if message['role'] == 'system' %}{{ '\n<</SYS>>\n\n' }}"
+    "{% elif message['role'] == 'user' %}{{ ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ '</s>' }}{% endif %}{% endfor %}"
+)
+#: llava-hf/llava-onevision-qwen2-7b-ov-hf's: ``<|im_start|>ROLE `` with a turn's images first
+#: (``<image>`` each), then its videos (``<video>``), then each text after a newline,
+#: ``<|im_end|>``
+LLAVA_ONEVISION_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ' ' }}"
+    "{% if message['content'] is string %}{{ '\n' + message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'video' %}{{ '<video>' }}{% endif %}{% endfor %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'text' %}{{ '\n' + content['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}{{ '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 #: the family chat template of each reference processor class (by class name)
 CHAT_TEMPLATES: dict[str, str] = {
@@ -157,6 +208,40 @@ CHAT_TEMPLATES: dict[str, str] = {
     "PixtralProcessor": MISTRAL3_TEMPLATE,
     "ChameleonProcessor": CHAMELEON_TEMPLATE,
     "NemotronVLReference": LLAMA3_VL_TEMPLATE,
+    "Llama4Processor": LLAMA4_TEMPLATE,
+    # OpenGVLab/InternVL3-1B-hf's ChatML; its default (Chinese) system prompt is left out
+    "InternVLProcessor": (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for content in message['content'] %}"
+        "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\\n' }}"
+        "{% elif content['type'] == 'video' %}{{ '<video>\\n' }}"
+        "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}"
+        "{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    # google/gemma-3-4b-it's template: a system prompt joins the first user turn, the assistant
+    # is "model", text is trimmed
+    "Gemma3Processor": (
+        "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+        "{% if messages[0]['content'] is string %}"
+        "{% set first_user_prefix = messages[0]['content'] + '\\n\\n' %}"
+        "{% else %}{% set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' %}"
+        "{% endif %}{% set loop_messages = messages[1:] %}"
+        "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
+        "{% for message in loop_messages %}"
+        "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+        "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
+        "{% if message['content'] is string %}{{ message['content'] | trim }}"
+        "{% else %}{% for item in message['content'] %}"
+        "{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
+        "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
+        "{% endif %}"
+        "{{ '<end_of_turn>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+    ),
+    "LlavaNextProcessor": LLAVA_NEXT_TEMPLATE,
+    "LlavaOnevisionProcessor": LLAVA_ONEVISION_TEMPLATE,
 }
 
 #: the context length written into every offline ``config.json`` (``max_position_embeddings``:
@@ -364,6 +449,119 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {
         _NEMOTRON_TOKEN_IDS,
         hub_model_type="llama_nemotron_vl_rerank",
     ),
+    "llama4": ConfigSpec("llama4", {  # meta-llama/Llama-4-Scout-17B-16E-Instruct
+        "text_config": {
+            "model_type": "llama4_text", "vocab_size": 202048, "hidden_size": 5120,
+            "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_hidden_layers": 48,
+            "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+            "rms_norm_eps": 1e-05, "num_local_experts": 16, "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 1, "use_qk_norm": True, "attention_chunk_size": 8192,
+            "rope_parameters": {
+                "rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+            },
+        },
+        "vision_config": {
+            "model_type": "llama4_vision_model", "hidden_size": 1408, "intermediate_size": 5632,
+            "num_hidden_layers": 34, "num_attention_heads": 16, "image_size": 336,
+            "patch_size": 14, "pixel_shuffle_ratio": 0.5, "vision_output_dim": 4096,
+            "projector_input_dim": 4096, "projector_output_dim": 4096,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    }, {
+        "image_token_index": "<|image|>",
+        "boi_token_index": "<|image_start|>",
+        "eoi_token_index": "<|image_end|>",
+        "text_config.bos_token_id": "<|begin_of_text|>",
+        "text_config.eos_token_id": ("<|end_of_text|>", "<|eom|>", "<|eot|>"),
+        "text_config.pad_token_id": "<|finetune_right_pad|>",
+    }),
+    "internvl": ConfigSpec("internvl", {  # OpenGVLab/InternVL3-1B-hf
+        "downsample_ratio": 0.5, "projector_hidden_act": "gelu", "vision_feature_layer": -1,
+        "vision_feature_select_strategy": "default", "image_seq_length": 256,
+        "text_config": {
+            "model_type": "qwen2", "vocab_size": 151674, "hidden_size": 896,
+            "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        },
+        "vision_config": {
+            "model_type": "internvl_vision", "hidden_size": 1024, "intermediate_size": 4096,
+            "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": [448, 448],
+            "patch_size": [14, 14], "layer_norm_eps": 1e-06, "use_qk_norm": False,
+            "attention_bias": True, "norm_type": "layer_norm", "use_mean_pooling": True,
+        },
+    }, {
+        "image_token_id": "<IMG_CONTEXT>",
+        "text_config.bos_token_id": "<|endoftext|>",
+        "text_config.eos_token_id": "<|im_end|>",
+    }),
+    "gemma3": ConfigSpec("gemma3", {  # google/gemma-3-4b-it
+        "mm_tokens_per_image": 256,
+        "text_config": {
+            "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 2560,
+            "intermediate_size": 10240, "num_hidden_layers": 34, "num_attention_heads": 8,
+            "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+            "sliding_window": 1024, "rms_norm_eps": 1e-06,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+            "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 896,
+            "patch_size": 14, "vision_use_head": False,
+        },
+    }, {
+        "boi_token_index": "<start_of_image>",
+        "eoi_token_index": "<end_of_image>",
+        "image_token_index": "<image_soft_token>",
+        "text_config.bos_token_id": "<bos>",
+        "text_config.eos_token_id": ("<eos>", "<end_of_turn>"),
+        "text_config.pad_token_id": "<pad>",
+    }),
+    "llava-next": ConfigSpec("llava_next", {  # llava-hf/llava-v1.6-mistral-7b-hf
+        "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+        "projector_hidden_act": "gelu", "use_image_newline_parameter": True,
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
+        "text_config": {
+            "model_type": "mistral", "vocab_size": 32064, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "sliding_window": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
+            "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
+            "patch_size": 14, "projection_dim": 768,
+        },
+    }, {
+        "image_token_index": "<image>",
+        "text_config.bos_token_id": "<s>",
+        "text_config.eos_token_id": "</s>",
+    }),
+    "llava-onevision": ConfigSpec("llava_onevision", {  # llava-hf/llava-onevision-qwen2-7b-ov-hf
+        "image_grid_pinpoints": [
+            [h, w] for h in range(384, 2305, 384) for w in range(384, 2305, 384)
+        ],
+        "projector_hidden_act": "gelu", "use_image_newline_parameter": True,
+        "vision_aspect_ratio": "anyres_max_9", "vision_feature_layer": -1,
+        "vision_feature_select_strategy": "full", "tie_word_embeddings": False,
+        "text_config": {
+            "model_type": "qwen2", "vocab_size": 152128, "hidden_size": 3584,
+            "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "max_window_layers": 28, "rms_norm_eps": 1e-06,
+            "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 384,
+            "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 26,
+            "patch_size": 14, "vision_use_head": False,
+        },
+    }, {
+        "image_token_index": "<image>",
+        "video_token_index": "<video>",
+        "text_config.eos_token_id": "<|im_end|>",
+    }),
 }  # fmt: skip
 
 

@@ -58,6 +58,7 @@ __all__ = (
     "NemotronVLReference",
     "build_reference",
     "select_tile_grid",
+    "split_tiles",
 )
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -179,6 +180,15 @@ def select_tile_grid(
     return best
 
 
+def split_tiles(chw: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """A ``C x (rows * h) x (cols * w)`` image cut into ``[rows * cols, C, h, w]`` tiles,
+    row-major (InternVL's order)."""
+    channels, height, width = chw.shape
+    tile_h, tile_w = height // rows, width // cols
+    tiles = chw.reshape(channels, rows, tile_h, cols, tile_w).permute(1, 3, 0, 2, 4)
+    return tiles.reshape(rows * cols, channels, tile_h, tile_w)
+
+
 @dataclass(frozen=True)
 class _TileParams:
     """Read from the request's kwargs, else the reference's parameters (``resolve_params``)."""
@@ -268,8 +278,7 @@ class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
             width, height, image_size=size, min_num=params.min_num, max_num=params.max_num
         )
         chw = resize(rgb, rows * size, cols * size, Resample.BICUBIC, Backend.PIL)
-        tiles = chw.reshape(3, rows, size, cols, size).permute(1, 3, 0, 2, 4)
-        tiles = tiles.reshape(rows * cols, 3, size, size)
+        tiles = split_tiles(chw, rows, cols)
         if params.use_thumbnail and rows * cols != 1:
             thumbnail = resize(rgb, size, size, Resample.BICUBIC, Backend.PIL)
             tiles = torch.cat([tiles, thumbnail.unsqueeze(0)])

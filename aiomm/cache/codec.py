@@ -31,6 +31,7 @@ from aiomm.processing.fields import (
     MultiModalFieldConfig,
     MultiModalKwargsItem,
     PaddedImageField,
+    PaddedPatchesField,
     Repeat,
 )
 
@@ -232,6 +233,12 @@ def _field_to_json(key: str, config: FieldConfig) -> dict[str, Any]:
             "batch_size": config.batch_size,
             "repeat": None if config.repeat is None else list(config.repeat),
         }
+    if type(config) is PaddedPatchesField:
+        return {
+            "type": "padded_patches",
+            "modality": config.modality,
+            "counts": list(config.counts),
+        }
     if type(config) is PaddedImageField:
         return {
             "type": "padded",
@@ -252,6 +259,10 @@ def _field_from_json(spec: dict[str, Any]) -> FieldConfig:
             sizes=None if sizes is None else tuple(int(s) for s in sizes),
             batch_size=None if batch_size is None else int(batch_size),
             repeat=None if repeat is None else Repeat(int(repeat[0]), int(repeat[1])),
+        )
+    if kind == "padded_patches":
+        return PaddedPatchesField(
+            modality=str(spec["modality"]), counts=tuple(int(n) for n in spec["counts"])
         )
     if kind == "padded":
         return PaddedImageField(

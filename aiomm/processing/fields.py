@@ -32,6 +32,7 @@ __all__ = (
     "MultiModalFieldConfig",
     "MultiModalKwargsItem",
     "PaddedImageField",
+    "PaddedPatchesField",
     "Parts",
     "Repeat",
     "concat_parts",
@@ -286,6 +287,62 @@ class PaddedImageField(FieldConfig):
             h, w = int(v.shape[-2]), int(v.shape[-1])
             batch[i, ..., h:, :] = 0
             batch[i, ..., :h, w:] = 0
+        return batch
+
+
+@dataclass(frozen=True)
+class PaddedPatchesField(MultiModalFieldConfig):
+    """A batch of patch stacks padded to its most patches: ``[N, P, C, H, W]``, image ``i``'s
+    ``counts[i]`` patches first and zero patches after them (or a list of ``[n_i, C, H, W]``).
+
+    A batched field whose :meth:`split` keeps each image's own patches (an independent copy),
+    whose :meth:`merge` pads them to the most patches again and stacks them (HF's batch for any
+    combination of items), and whose :meth:`finish` puts the zero patches back after the device
+    stage normalised them.
+    """
+
+    kind: FieldKind = FieldKind.BATCHED
+    modality: str = "image"
+    #: patches of each image of the batch being split; merging does not use them
+    counts: tuple[int, ...] = field(default=())
+
+    def split(self, key: str, value: Any) -> list[Any]:
+        """Each image's own patches.
+
+        :raises ProcessingError: ``value`` does not hold one patch stack per count.
+        """
+        if len(value) != len(self.counts):
+            raise ProcessingError(
+                f"field {key!r} has {len(value)} images but {len(self.counts)} patch counts"
+            )
+        out = []
+        for stack, n in zip(value, self.counts, strict=True):
+            stack = torch.as_tensor(stack)
+            if stack.shape[0] < n:
+                raise ProcessingError(
+                    f"field {key!r}: {stack.shape[0]} patches where the image has {n}"
+                )
+            if stack.shape[0] != n or isinstance(value, torch.Tensor):
+                stack = stack[:n].clone(memory_format=torch.contiguous_format)
+            out.append(stack)
+        return out
+
+    def merge(self, values: Sequence[Any]) -> torch.Tensor:
+        """Pad every stack to the most patches (zero patches after its own) and stack them."""
+        most = max(int(v.shape[0]) for v in values)
+        first = values[0]
+        out = first.new_zeros((len(values), most, *first.shape[1:]))
+        for i, v in enumerate(values):
+            out[i, : v.shape[0]] = v
+        return out
+
+    def concat_parts(self, values: Sequence[Any]) -> list[torch.Tensor] | None:
+        return None
+
+    def finish(self, batch: torch.Tensor, values: Sequence[Any]) -> torch.Tensor:
+        """Zero the padding patches of ``batch`` (normalised uint8 zeros are ``-mean / std``)."""
+        for i, v in enumerate(values):
+            batch[i, int(v.shape[0]) :] = 0
         return batch
 
 

@@ -60,6 +60,10 @@ _KEEP_ON_CPU = frozenset(
         "timestamps",
         "image_num_patches",
         "image_token_id",
+        "image_sizes",
+        "num_patches",  # Gemma 3
+        "patches_per_image",
+        "aspect_ratios",
     }
 )
 
@@ -68,6 +72,7 @@ _KEEP_ON_CPU = frozenset(
 _KEY_ORDER = (
     "image_token_id",
     "image_num_patches",
+    "patches_per_image",
     "pixel_values_flat",
     "timestamps",
     "pixel_values",
@@ -95,8 +100,12 @@ def model_float_dtype(folder: str | Path) -> torch.dtype | None:
 
 
 #: keys an HF processor returns that vLLM's processor for it drops (absent from its fields
-#: config), by HF processor class: Mistral 3's items carry only ``pixel_values``
-_DROPPED_KEYS: dict[str, frozenset[str]] = {"PixtralProcessor": frozenset({"image_sizes"})}
+#: config), by HF processor class: Mistral 3's items carry only ``pixel_values``; LLaVA-OneVision's
+#: no ``batch_num_images``
+_DROPPED_KEYS: dict[str, frozenset[str]] = {
+    "PixtralProcessor": frozenset({"image_sizes"}),
+    "LlavaOnevisionProcessor": frozenset({"batch_num_images"}),
+}
 
 
 #: keys vLLM's processor names otherwise, by HF processor class: the InternVL-style processors
@@ -109,7 +118,16 @@ _RENAMED_KEYS: dict[str, dict[str, str]] = {
 #: the processors whose items carry the image token's id as a ``shared`` field kept on the CPU
 #: (vLLM's InternVL-style processors: the model picks the embedding positions with it), by HF
 #: processor class: the adapter attribute holding the id
-_TOKEN_ID_FIELD: dict[str, str] = {"NemotronVLReference": "img_context_id"}
+_TOKEN_ID_FIELD: dict[str, str] = {
+    "NemotronVLReference": "img_context_id",
+    "InternVLProcessor": "image_token_id",
+}
+
+
+#: the processors whose image items vLLM sends as rows of HF's padded batch, by HF processor
+#: class: LLaVA-NeXT's and LLaVA-OneVision's patch stacks, each padded with zero patches to the
+#: request's most
+_PATCH_PADDED = frozenset({"LlavaNextProcessor", "LlavaOnevisionProcessor"})
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,9 @@ class WireForm:
     #: an image item's ``image_token_id`` (a ``shared`` int64 scalar kept on the CPU, batch size
     #: the request's images), as vLLM's InternVL-style items carry it; None: no such field
     image_token_id: int | None = None
+    #: image items' ``pixel_values`` padded with zero patches to the most of the request's
+    #: images (:data:`_PATCH_PADDED`; aiomm's items hold their own patches only)
+    pad_patches: bool = False
 
     @classmethod
     def of(cls, processor: Any) -> WireForm:
@@ -147,6 +168,7 @@ class WireForm:
             image_token_id=None
             if token_attribute is None
             else int(getattr(processor, token_attribute)),
+            pad_patches=family in _PATCH_PADDED,
         )
 
 
@@ -357,10 +379,13 @@ def encode_items(
             slices[i], batch_sizes[i] = batch_slices, len(batch)
     kwargs_data: list[PiecesString] = []
     metadata: list[PiecesString | None] = []
+    most = _most_patches(items) if wire.pad_patches else 0
     for item, item_slices, batch_size in zip(items, slices, batch_sizes, strict=True):
         keys = [k for k in item.data if k not in wire.dropped_keys]
         names = {k: wire.renamed_keys.get(k, k) for k in keys}
         values = {names[k]: _wire_value(k, item, float_dtype) for k in keys}
+        if most and item.modality == "image" and "pixel_values" in values:
+            values["pixel_values"] = _padded_patches(values["pixel_values"], most)
         fields = {names[k]: _field(names[k], item.fields[k], item_slices.get(k, [])) for k in keys}
         if wire.image_token_id is not None and item.modality == "image":
             values["image_token_id"] = torch.tensor(wire.image_token_id)
@@ -379,6 +404,25 @@ def encode_items(
         meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
         metadata.append(PiecesString(encode_item_pieces(meta)) if meta else None)
     return kwargs_data, metadata
+
+
+def _most_patches(items: Sequence[MultiModalKwargsItem]) -> int:
+    """The most patches (rows of ``pixel_values``) of a request's image items."""
+    rows = [
+        int(item.data["pixel_values"].shape[0])
+        for item in items
+        if item.modality == "image" and isinstance(item.data.get("pixel_values"), torch.Tensor)
+    ]
+    return max(rows, default=0)
+
+
+def _padded_patches(value: torch.Tensor, most: int) -> torch.Tensor:
+    """``value``'s patches followed by zero patches, ``most`` in all."""
+    if value.shape[0] >= most:
+        return value
+    out = value.new_zeros((most, *value.shape[1:]))
+    out[: value.shape[0]] = value
+    return out
 
 
 def _flat_slices(items: Sequence[MultiModalKwargsItem]) -> dict[str, list[Any]]:

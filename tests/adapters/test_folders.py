@@ -161,6 +161,21 @@ def test_the_vision_config_patches_as_the_processor(name: str, written: Folders)
     elif hasattr(reference, "spatial_merge_size"):  # Pixtral
         assert vision.patch_size == reference.patch_size, name
         assert config.spatial_merge_size == reference.spatial_merge_size, name
+    elif hasattr(image, "crop_to_patches"):  # InternVL: the tile and its tokens
+        assert list(vision.image_size) == [image.size.height, image.size.width], name
+        patches = (vision.image_size[0] // vision.patch_size[0]) ** 2
+        assert int(patches * config.downsample_ratio**2) == reference.image_seq_length, name
+    elif hasattr(image, "max_patches"):  # Llama 4: the tile and its patches
+        assert vision.patch_size == reference.patch_size, name
+        assert vision.image_size == image.size.height, name
+    elif hasattr(reference, "image_seq_length") and hasattr(config, "mm_tokens_per_image"):
+        # Gemma 3: one SigLIP image of the processor's size, pooled to its soft tokens
+        assert vision.image_size == image.size.height == image.size.width, name
+        assert config.mm_tokens_per_image == reference.image_seq_length, name
+    elif hasattr(image, "image_grid_pinpoints"):  # LLaVA-NeXT, OneVision: the anyres grid
+        assert config.image_grid_pinpoints == image.image_grid_pinpoints, name
+        patch = image.crop_size.height if image.crop_size else image.size.height
+        assert vision.image_size == patch, name
     elif vision is not None:  # Llama Nemotron VL: the tiling parameters
         assert vision.patch_size == reference.patch_size, name
         assert config.force_image_size == reference.image_size, name

@@ -30,6 +30,11 @@ EXPECTED = {
     "llama-nemotron-vl-embed": "LlamaNemotronVLForEmbedding",
     "llama-nemotron-vl-rerank": "LlamaNemotronVLForSequenceClassification",
     "chameleon": "ChameleonForConditionalGeneration",
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "llama4": "Llama4ForConditionalGeneration",
+    "internvl": "InternVLForConditionalGeneration",
+    "llava-next": "LlavaNextForConditionalGeneration",
+    "llava-onevision": "LlavaOnevisionForConditionalGeneration",
 }
 
 
@@ -55,6 +60,11 @@ def test_order_is_by_module_then_registration() -> None:
 def test_device_normalize_defaults() -> None:
     defaults = {i.short_name: i.mm_device_do_normalize for i in supported_adapters()}
     assert defaults.pop("chameleon") is False
+    assert defaults.pop("gemma3") is False  # vLLM's Gemma 3 takes normalised pixels
+    assert defaults.pop("llama4") is False  # HF normalises in bfloat16, as vLLM sends it
+    # vLLM's models for these take normalised pixels (no mm_device_do_normalize)
+    for name in ("internvl", "llava-next", "llava-onevision"):
+        assert defaults.pop(name) is False, name
     assert all(defaults.values())
 
 

@@ -11,6 +11,7 @@ import PIL.Image
 import pytest
 import ray
 import torch
+from adapter_parity import prompt_text
 from ray_rows import (
     assert_row_equals,
     engine_results,
@@ -20,11 +21,24 @@ from ray_rows import (
     token_ids,
 )
 
+from aiomm.adapters import supported_adapters
 from aiomm.config import EngineConfig
 from aiomm.integrations.ray import ImagePreprocessor, TorchCollate, _actor_config
 from aiomm.types import Request
 
 CONFIG = EngineConfig(device="cpu", transform_threads=1)
+
+
+def _one_per_preprocessing() -> list[str]:
+    """One architecture per distinct (processor class, reference builder): rows sharing both
+    preprocess alike (the parity harness tests each row against its reference)."""
+    seen: set[tuple[object, object]] = set()
+    out = []
+    for info in supported_adapters():
+        if (info.processor_cls, info.build_hf_processor) not in seen:
+            seen.add((info.processor_cls, info.build_hf_processor))
+            out.append(info.short_name)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +132,24 @@ def test_read_images_normalised_with_a_fixed_prompt(local_ray: None, tmp_path: P
 def test_an_actor_engine_gets_one_transform_thread_per_cpu(local_ray: None) -> None:
     assert ray.get(ray.remote(num_cpus=2)(_actor_config).remote()).transform_threads == 2
     assert ray.get(ray.remote(num_cpus=1)(_actor_config).remote()).transform_threads == 1
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", _one_per_preprocessing())
+def test_every_architecture_on_ray_equals_the_engine(local_ray: None, name: str) -> None:
+    rows = [
+        {"id": 0, "image": [png(10, 60, 90)], "prompt": prompt_text(name, 1)},
+        {"id": 1, "image": [png(11, 90, 50), png(12, 40, 40)], "prompt": prompt_text(name, 2)},
+    ]
+    ds = ray.data.from_items(rows).map_batches(
+        ImagePreprocessor,
+        fn_constructor_kwargs={"model": name, "config": CONFIG, "keep_columns": ["id"]},
+        compute=ray.data.ActorPoolStrategy(size=1),
+        batch_size=2,
+    )
+    got = sorted(ds.take_all(), key=lambda r: r["id"])
+    requests = [Request(prompt=r["prompt"], images=r["image"]) for r in rows]
+    want = engine_results(CONFIG, requests, device=False, model=name)
+    assert all(w.ok for w in want), [w.error for w in want]
+    for row, result in zip(got, want, strict=True):
+        assert_row_equals(row, result)

@@ -179,3 +179,74 @@ def live_server_nemotron_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
     folder = write_model_folder("llama-nemotron-vl-embed", tmp_path_factory.mktemp("nemotron"))
     yield from _served(folder, RECORDED_MODEL_NEMOTRON_VL)
+
+
+#: the path the Gemma 3 fixtures' vLLM server was given (``fixtures_gemma3/``, the folder
+#: ``aiomm serve gemma3`` writes)
+RECORDED_MODEL_GEMMA3 = "/tmp/vllm-probe/gemma3"
+
+
+@pytest.fixture(scope="module")
+def live_server_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve gemma3``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("gemma3", tmp_path_factory.mktemp("gemma3"))
+    yield from _served(folder, RECORDED_MODEL_GEMMA3)
+
+
+#: the path the InternVL fixtures' vLLM server was given (``fixtures_internvl/``)
+RECORDED_MODEL_INTERNVL = "/tmp/vllm-probe/internvl"
+
+
+@pytest.fixture(scope="module")
+def live_server_internvl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve internvl``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("internvl", tmp_path_factory.mktemp("internvl"))
+    yield from _served(folder, RECORDED_MODEL_INTERNVL)
+
+
+#: the path the Llama 4 fixtures' vLLM server was given (``fixtures_llama4/``, the folder
+#: ``aiomm serve llama4`` writes)
+RECORDED_MODEL_LLAMA4 = "/tmp/vllm-probe/llama4"
+
+
+@pytest.fixture(scope="module")
+def live_server_llama4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve llama4``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("llama4", tmp_path_factory.mktemp("llama4"))
+    yield from _served(folder, RECORDED_MODEL_LLAMA4)
+
+
+#: the path the LLaVA-NeXT fixtures' vLLM server was given (``fixtures_llava_next/``, recorded
+#: for ``aiomm serve llava-next``'s folder)
+RECORDED_MODEL_LLAVA_NEXT = "/tmp/vllm-probe/llava-next"
+
+
+@pytest.fixture(scope="module")
+def live_server_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve llava-next``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("llava-next", tmp_path_factory.mktemp("llava_next"))
+    yield from _served(folder, RECORDED_MODEL_LLAVA_NEXT)
+
+
+#: the same for the LLaVA-OneVision fixtures (``fixtures_llava_onevision/``, recorded for
+#: ``aiomm serve llava-onevision``'s folder)
+RECORDED_MODEL_LLAVA_ONEVISION = "/tmp/vllm-probe/llava-onevision"
+
+
+@pytest.fixture(scope="module")
+def live_server_llava_onevision(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve llava-onevision``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("llava-onevision", tmp_path_factory.mktemp("llava_onevision"))
+    yield from _served(folder, RECORDED_MODEL_LLAVA_ONEVISION)

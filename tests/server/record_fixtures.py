@@ -29,7 +29,26 @@ was recorded into ``fixtures_glm4v/`` and ``fixtures_glm_ocr/`` from servers for
 (``MM_CACHE_GB=0``), and ``chat_mm_none`` into ``fixtures_mistral3/`` and
 ``fixtures_nemotron_vl/`` from servers for the ``aiomm.adapters.folders.write_model_folder``
 folders at ``/tmp/vllm-probe/mistral3`` and ``/tmp/vllm-probe/nemotron-embed`` (``MM_CACHE_GB=0``,
-the default ``LIMIT_MM``). The video cases need the server started with videos allowed
+the default ``LIMIT_MM``). The Llama 4 fixtures
+(``fixtures_llama4/``) were recorded on 2026-12-06 from a server for the ``write_model_folder``
+folder at ``/tmp/vllm-probe/llama4`` (``MM_CACHE_GB=0``) with ``--digest``, the image cases and
+``chat_tiled_images`` (images of several tiles). ``fixtures_llava_next/`` came on 2026-12-06
+from a server for the ``write_model_folder("llava-next", ...)`` folder at
+``/tmp/vllm-probe/llava-next`` (``MM_CACHE_GB=0``, ``--digest``; the image cases, the request of
+several patch counts ``chat_tiled_images``, ``chat_mm_none`` and ``error_one_of_two_images_bad``),
+and ``fixtures_llava_onevision/`` the same cases from a server for the ``llava-onevision`` folder
+at ``/tmp/vllm-probe/llava-onevision``.
+``fixtures_internvl/`` came on 2026-12-06 from a server for the ``write_model_folder("internvl",
+...)`` folder at ``/tmp/vllm-probe/internvl`` (``MM_CACHE_GB=0``, the default ``LIMIT_MM``;
+``--digest``, except ``chat_mm_none`` and ``tokenize_chat_image``, which carry no items);
+InternVL accepts the ``thin`` image, so its ``error_image_aspect_ratio`` is kept as
+``chat_thin_image``.
+``fixtures_gemma3/`` came on 2026-12-06 from a server for the ``write_model_folder("gemma3",
+...)`` folder at ``/tmp/vllm-probe/gemma3`` (``MM_CACHE_GB=0``, the default ``LIMIT_MM``;
+``--digest``, except the ``mm_none`` cases and the refused ``chat_two_images``); its
+``pan_and_scan/`` cases (their own bodies, with ``mm_processor_kwargs``) from a second server for
+that folder started with ``--trust-request-mm-kwargs``.
+The video cases need the server started with videos allowed
 (``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded frames, a
 few codecs and containers).
 """
@@ -97,6 +116,9 @@ def images() -> dict[str, tuple[str, bytes]]:
     out["png_without_iend"] = ("image/png", png_without_iend())
     # 600x2, an aspect ratio of 300: Qwen2-VL's processor refuses it (above 200)
     out["thin"] = ("image/png", _encode(PIL.Image.fromarray(_photo(600, 2, 10)), "PNG"))
+    # larger than one 336-px tile: Llama 4 cuts them into 2 x 3 and 3 x 1 tiles plus a global one
+    out["wide"] = ("image/jpeg", _encode(PIL.Image.fromarray(_photo(700, 400, 11)), "JPEG"))
+    out["tall"] = ("image/jpeg", _encode(PIL.Image.fromarray(_photo(300, 900, 12)), "JPEG"))
     return out
 
 
@@ -129,7 +151,7 @@ def _digested(response: Any) -> Any:
     import hashlib
 
     data = response["features"]["kwargs_data"]
-    for modality, items in data.items():
+    for modality, items in (data or {}).items():  # none with mm_payload "none"
         data[modality] = [
             None
             if item is None
@@ -281,6 +303,13 @@ def cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
         ),
         "chat_string_content": chat([{"role": "user", "content": "Hello there, how are you?"}]),
         "chat_mm_none": chat([user(text, part("jpeg"), part("png"))], mm_payload="none"),
+        # text between the images: Gemma 3 refuses two adjacent images (their placeholder
+        # ranges overlap once its newline tokens merge)
+        "chat_images_apart": chat([user(text, part("jpeg2"), text, part("png"))]),
+        "chat_images_apart_mm_none": chat(
+            [user(text, part("jpeg"), text, part("rgba"))], mm_payload="none"
+        ),
+        "chat_tiled_images": chat([user(text, part("wide"), part("tall"), part("jpeg"))]),
         "chat_uuid": chat([user(text, part("rgba", uuid="client-hash-0001"))]),
         "chat_sampling": chat(
             [user(text, part("jpeg"))],

@@ -173,6 +173,21 @@ class Reference:
             kwargs = {} if normalized else {"do_rescale": False, "do_normalize": False}
             out = self.processor(text=[text], images=pil, return_tensors="pt", **kwargs)
         images_out = {k: v for k, v in out.items() if k not in _TEXT_KEYS}
+        if type(self.processor).__name__ == "Llama4Processor":
+            # vLLM's per-image fields, which the processor drops: its image processor's
+            tiles = self.processor.image_processor(pil, do_rescale=False, do_normalize=False)
+            images_out["aspect_ratios"] = torch.stack(tiles["aspect_ratios"])
+            images_out["patches_per_image"] = torch.tensor([len(t) for t in tiles["pixel_values"]])
+        if type(self.processor).__name__ == "InternVLProcessor":
+            # vLLM's per-image tile counts, which the processor drops: its image processor's rule
+            count = self.processor.image_processor.get_number_of_image_patches
+            images_out["image_num_patches"] = torch.tensor(
+                [count(p.height, p.width, {"crop_to_patches": True}) for p in pil]
+            )
+        if type(self.processor).__name__ == "Gemma3Processor":
+            # vLLM's count of each image and its pan-and-scan crops, which the processor drops
+            crops = self.processor.image_processor(pil, **self.processor.images_kwargs)
+            images_out["num_patches"] = torch.tensor([1 + n for n in crops["num_crops"]])
         return out["input_ids"][0].tolist(), images_out
 
 

@@ -29,7 +29,11 @@ from starlette.testclient import TestClient
 from aiomm.adapters import supported_adapters
 from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
 from aiomm.adapters.folders import write_model_folder
+from aiomm.adapters.gemma import Gemma3MultiModalProcessor
 from aiomm.adapters.glm import Glm5NextMultiModalProcessor, GlmVMultiModalProcessor
+from aiomm.adapters.internvl import InternVLMultiModalProcessor
+from aiomm.adapters.llama4 import Llama4MultiModalProcessor
+from aiomm.adapters.llava import LlavaNextMultiModalProcessor, LlavaOnevisionMultiModalProcessor
 from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
 from aiomm.adapters.qwen_vl import QWEN3, QwenVLProcessor
@@ -39,8 +43,18 @@ from aiomm.server import ServerConfig, create_app
 RENDER = "/v1/chat/completions/render"
 FIXTURE = Path(__file__).parent / "fixtures" / "error_image_aspect_ratio.json"
 #: processors that refuse none of the items below: their resize keeps any shape (Chameleon's
-#: shortest edge and crop, GLM-5-Next's padded canvas, Nemotron's tiles) and they take no videos
-ACCEPTING = (ChameleonMultiModalProcessor, Glm5NextMultiModalProcessor, LlamaNemotronVLProcessor)
+#: shortest edge and crop, GLM-5-Next's padded canvas, Nemotron's tiles, Gemma 3's fixed square
+#: and crops) and they take no videos
+ACCEPTING = (
+    ChameleonMultiModalProcessor,
+    Glm5NextMultiModalProcessor,
+    LlamaNemotronVLProcessor,
+    Gemma3MultiModalProcessor,
+    InternVLMultiModalProcessor,
+    LlavaNextMultiModalProcessor,
+    LlavaOnevisionMultiModalProcessor,
+    Llama4MultiModalProcessor,
+)
 
 
 def _png(height: int, width: int, seed: int = 0) -> bytes:

@@ -15,13 +15,15 @@ and ``native``):
 - per-image metadata (grids, image sizes, tile counts) equals the reference's;
 - uint8 ``pixel_values`` equal the reference's output with rescale/normalise off, bit for bit;
 - normalised by ``FusedMMInputNorm`` they equal the reference's float output to a norm-wise
-  relative error under 1e-6;
+  relative error under 1e-6 (under bfloat16's epsilon where the reference normalises in
+  bfloat16: ``Family.float_dtype``, Llama 4);
 - with ``classic=True``, also the classic CPU path (``mm_device_do_normalize=False``): float
   ``pixel_values`` equal to the reference's float output exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +37,16 @@ from parity import SEED, hf_processor, rel_err
 
 from aiomm.adapters import AdapterInfo, build_processor, get_adapter_info, supported_adapters
 from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
+from aiomm.adapters.gemma import Gemma3MultiModalProcessor
 from aiomm.adapters.glm import GlmVMultiModalProcessor
+from aiomm.adapters.internvl import InternVLMultiModalProcessor
+from aiomm.adapters.llama4 import Llama4MultiModalProcessor
+from aiomm.adapters.llava import (
+    LLAVA_NEXT_PINPOINTS,
+    ONEVISION_PINPOINTS,
+    LlavaNextMultiModalProcessor,
+    LlavaOnevisionMultiModalProcessor,
+)
 from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
 from aiomm.adapters.qwen_vl import QwenVLProcessor
@@ -86,6 +97,9 @@ class Family:
     inside: Callable[[torch.Tensor, Reference], torch.Tensor] | None = None
     #: the words around the prompt's placeholders (the offline tokenizers know them)
     placeholder_words: tuple[str, str] = ("user", "assistant")
+    #: the dtype of the reference's float output; device-normalised fp32 pixels are compared
+    #: with a bfloat16 one (Llama 4 normalises in bfloat16) within its rounding
+    float_dtype: torch.dtype = torch.float32
 
 
 def _hf_reference(
@@ -139,6 +153,53 @@ def _inside_images(values: torch.Tensor, ref: Reference) -> torch.Tensor:
     return torch.cat([values[i, :, :h, :w].flatten() for i, (h, w) in enumerate(sizes)])
 
 
+def _inside_patches(
+    pinpoints: list[list[int]],
+) -> Callable[[torch.Tensor, Reference], torch.Tensor]:
+    """Each image's own patches of a batch padded to its most patches, flattened: the padding
+    patches are 0.0 in HF's float batch and ``-mean / std`` in ours (the model drops them).
+    The counts come from transformers' own choice among the grid's ``pinpoints``."""
+
+    def inside(values: torch.Tensor, ref: Reference) -> torch.Tensor:
+        from transformers.image_processing_utils import select_best_resolution
+
+        patch = int(values.shape[-1])
+        own = []
+        for i, (h, w) in enumerate(ref.fields["image_sizes"].tolist()):
+            best_h, best_w = select_best_resolution((h, w), pinpoints)
+            own.append(values[i, : 1 + (best_h // patch) * (best_w // patch)].flatten())
+        return torch.cat(own)
+
+    return inside
+
+
+def _llama4_reference(proc: Any, text: str, images: list[Any], kwargs: dict[str, Any]) -> Reference:
+    """Llama 4's processor call, with the per-image fields vLLM sends taken from its image
+    processor (the processor drops them): each image's tile grid and tile count."""
+    ref = _hf_reference(
+        [],
+        lambda p: [
+            p.image_token_id,
+            *p.tokenizer.convert_tokens_to_ids(
+                [
+                    p.start_of_img_token,
+                    p.end_of_img_token,
+                    p.img_patch_token,
+                    p.tile_token,
+                    p.tile_global_token,
+                ]
+            ),
+        ],
+        embed_token=lambda p: int(p.tokenizer.convert_tokens_to_ids(p.img_patch_token)),
+    )(proc, text, images, kwargs)
+    tiles = proc.image_processor(images, **kwargs, do_rescale=False, do_normalize=False)
+    fields = {
+        "aspect_ratios": torch.stack(tiles["aspect_ratios"]),
+        "patches_per_image": torch.tensor([len(t) for t in tiles["pixel_values"]]),
+    }
+    return dataclasses.replace(ref, fields=fields)
+
+
 _SMALL = ((1, 1), (3, 5), (28, 28), (57, 33), (1, 150), (150, 1), (199, 3), (240, 320),
           (333, 500), (480, 640), (700, 20))  # fmt: skip
 _LARGE = ((1080, 1920), (1536, 2048))
@@ -185,6 +246,28 @@ FAMILIES: dict[type, Family] = {
         large_sizes=_LARGE,
         max_aspect=4,
     ),
+    Llama4MultiModalProcessor: Family(
+        reference=_llama4_reference,
+        layout="NCHW",
+        # 336 multiples and thin images: ties between canvases of one scale, the upscale bound
+        sizes=(*_SMALL, (336, 336), (337, 336), (336, 1008), (672, 673), (20, 2000), (5000, 40)),
+        large_sizes=(*_LARGE, (2000, 600)),
+        float_dtype=torch.bfloat16,
+    ),
+    LlavaNextMultiModalProcessor: Family(
+        reference=_hf_reference(["image_sizes"], lambda p: [p.image_token_id]),
+        layout="NCHW",
+        sizes=(*_SMALL, (336, 336), (336, 1008), (1008, 336), (672, 673), (1, 1100)),
+        large_sizes=(*_LARGE, (2000, 600)),
+        inside=_inside_patches(LLAVA_NEXT_PINPOINTS),
+    ),
+    LlavaOnevisionMultiModalProcessor: Family(  # LLaVA-NeXT's transform, OneVision's grid
+        reference=_hf_reference(["image_sizes"], lambda p: [p.image_token_id]),
+        layout="NCHW",
+        sizes=(*_SMALL, (384, 384), (384, 2304), (2304, 384), (1152, 1153), (1, 3000)),
+        large_sizes=(*_LARGE, (3000, 800)),
+        inside=_inside_patches(ONEVISION_PINPOINTS),
+    ),
     LlamaNemotronVLProcessor: Family(
         reference=_nemotron_reference,
         layout="NCHW",
@@ -192,6 +275,32 @@ FAMILIES: dict[type, Family] = {
         large_sizes=(*_LARGE, (2339, 1654)),
         random_side=1400,
         backends=("pil",),  # no HF processor: one (PIL) transform
+    ),
+    Gemma3MultiModalProcessor: Family(
+        # an image's range: "\n\n", <start_of_image>, its soft tokens, <end_of_image>, "\n\n"
+        reference=_hf_reference(
+            [],
+            lambda p: [
+                p.tokenizer.convert_tokens_to_ids("\n\n"),
+                p.tokenizer.boi_token_id,
+                p.tokenizer.image_token_id,
+                p.tokenizer.eoi_token_id,
+            ],
+            embed_token=lambda p: int(p.tokenizer.image_token_id),
+        ),
+        layout="NCHW",
+        sizes=(*_SMALL, (896, 896), (300, 1000)),
+        large_sizes=_LARGE,
+    ),
+    InternVLMultiModalProcessor: Family(
+        reference=_hf_reference(
+            [], lambda p: [p.start_image_token_id, p.image_token_id, p.end_image_token_id]
+        ),
+        layout="NCHW",
+        # exact 448 multiples hit the grid rule's ties (equal ratios, more tiles)
+        sizes=(*_SMALL, (448, 448), (448, 896), (1344, 448), (896, 896), (20, 2000)),
+        large_sizes=(*_LARGE, (2160, 3840)),
+        random_side=1400,
     ),
 }
 
@@ -299,7 +408,10 @@ def check_case(
         if fam.inside is not None:
             ours_f, ref_f = fam.inside(ours_f, ref), fam.inside(ref_f, ref)
         err = rel_err(ours_f, ref_f)
-        assert err < NORMALISED_REL_ERR, f"{where}: normalised rel err {err:.3g}"
+        tolerance = NORMALISED_REL_ERR
+        if fam.float_dtype != torch.float32:
+            tolerance = torch.finfo(fam.float_dtype).eps
+        assert err < tolerance, f"{where}: normalised rel err {err:.3g}"
 
         if classic:
             config = MultiModalConfig(transform=mode, mm_device_do_normalize=False)
@@ -309,5 +421,5 @@ def check_case(
             assert out.normalization is None, where
             assert out.prompt_token_ids == ref.input_ids, f"{where} classic: token ids differ"
             pv = out.merged_kwargs()["pixel_values"]
-            assert pv.dtype == torch.float32, f"{where} classic: {pv.dtype}"
+            assert pv.dtype == fam.float_dtype, f"{where} classic: {pv.dtype}"
             assert torch.equal(pv, ref.pixel_values), f"{where} classic: float pixels differ"

@@ -57,12 +57,13 @@ def png(seed: int, h: int = 48, w: int = 64) -> bytes:
 
 
 def engine_results(
-    config: EngineConfig, requests: Sequence[Request], *, device: bool
+    config: EngineConfig, requests: Sequence[Request], *, device: bool, model: str = "qwen2-vl"
 ) -> list[Result]:
-    """What ``Engine.process`` (through ``process_safe``) gives for ``requests``, in order."""
+    """What ``Engine.process`` (through ``process_safe``) of ``model`` gives for ``requests``, in
+    order."""
 
     async def main() -> list[Result]:
-        async with Engine.from_pretrained("qwen2-vl", config) as engine:
+        async with Engine.from_pretrained(model, config) as engine:
             return [await engine.process_safe(r, device=device) for r in requests]
 
     return anyio.run(main)
