@@ -1,19 +1,28 @@
-"""vLLM's own Qwen2-VL processing path on the benchmark's workload; runs inside a vLLM venv.
+"""vLLM's own processing path on a benchmark's workload; runs inside a vLLM venv.
 
-``aiomm bench --vllm-python PATH`` starts ``PATH bench/_vllm_worker.py JOB.json RESULT.json``.
-The worker reads the same workload files and serves them as vLLM 0.33's API server does in one
-process: each image decoded with Pillow in a media thread pool (``VLLM_MEDIA_LOADING_THREAD_COUNT``
-workers, 8 by default), then the prompt tokenized and ``BaseMultiModalProcessor.apply`` run with
-the processor cache on the event loop, inside ``set_default_torch_num_threads()`` (as
-``vllm/renderers/base.py::_process_multimodal`` does). Its closed and open loops are those of
-``stream_bench.loadgen`` (standard library and numpy only), so both sides are measured the same
-way; it writes the timings as JSON.
+``aiomm bench --vllm-python PATH`` (Qwen2-VL) starts ``PATH bench/_vllm_worker.py JOB.json
+RESULT.json``. The worker reads the same workload files and serves them as vLLM 0.33's API server
+does in one process: each image decoded with Pillow in a media thread pool
+(``VLLM_MEDIA_LOADING_THREAD_COUNT`` workers, 8 by default), then the prompt tokenized and
+``BaseMultiModalProcessor.apply`` run with the processor cache on the event loop, inside
+``set_default_torch_num_threads()`` (as ``vllm/renderers/base.py::_process_multimodal`` does).
+Its closed and open loops are those of ``stream_bench.loadgen`` (standard library and numpy
+only), so both sides are measured the same way; it writes the timings as JSON.
 
 Only vllm's public processor API is called (as ``../shared/vllm_probe`` does); this file imports
 nothing but vllm, the standard library, Pillow, numpy and ``stream_bench``'s workload and load
 generator. The model folder (a weight-less Qwen2-VL config with aiomm's offline reference
 processor and tokenizer) is written by ``stream_bench.systems.vllm``, so both run the same
 transform parameters.
+
+``PATH bench/_vllm_worker.py --serve`` is the persistent form ``bench/family_bench.py`` drives,
+for any architecture's folder: it reads a job (the folder, the image files, the requests with
+their rendered prompts, the thread and concurrency settings) as the first JSON line of stdin,
+builds the processor with the cache off and answers one JSON line on its own stdout when ready;
+then each ``{"op": "round"}`` line runs every request once (decode in the media pool, tokenize,
+``apply`` on the event loop, at most ``concurrency`` requests in flight) and answers the round's
+wall and process CPU seconds, until ``{"op": "quit"}`` or the end of stdin. Everything else the
+process prints goes to stderr.
 """
 
 from __future__ import annotations
@@ -149,7 +158,142 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _Rounds:
+    """vLLM's processor for one model folder with the cache off, and the job's requests."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        from vllm import __version__ as vllm_version
+        from vllm.config import ModelConfig
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+        from vllm.multimodal.processing import ProcessorInputs, TimingContext
+        from vllm.utils.torch_utils import set_default_torch_num_threads
+
+        t0 = time.perf_counter()
+        folder = job["model_dir"]
+        # the render server's settings but the cache: vLLM's default mm_device_do_normalize
+        config = ModelConfig(
+            model=folder,
+            tokenizer=folder,
+            dtype="bfloat16",
+            max_model_len=32768,
+            mm_processor_cache_gb=0,
+        )
+        with set_default_torch_num_threads():
+            processor = MULTIMODAL_REGISTRY.create_processor(config)
+        tokenizer = processor.info.get_tokenizer()
+
+        def apply(prompt: str, images: list[Any]) -> Any:
+            ids = tokenizer.encode(prompt, add_special_tokens=False)
+            with set_default_torch_num_threads():
+                items = processor.info.parse_mm_data({"image": images})
+                inputs = ProcessorInputs(ids, items, None, hf_processor_mm_kwargs={}, cache=None)
+                return processor.apply(inputs, TimingContext())
+
+        self.apply = apply
+        self.data = [Path(path).read_bytes() for path in job["images"]]
+        self.requests: list[dict[str, Any]] = job["requests"]
+        self.concurrency = int(job["concurrency"])
+        self.pool = ThreadPoolExecutor(int(job["threads"]), thread_name_prefix="media")
+        warm = self.requests[0]
+        result = apply(warm["prompt"], [_decode(self.data[k]) for k in warm["images"]])
+        mm_config = config.multimodal_config
+        self.ready = {
+            "status": "ready",
+            "vllm": vllm_version,
+            "processor": type(processor).__name__,
+            # set_default_torch_num_threads(): $OMP_NUM_THREADS, else 1
+            "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "1")),
+            "media_threads": int(job["threads"]),
+            "mm_device_do_normalize": getattr(mm_config, "mm_device_do_normalize", None),
+            "pixel_dtype": _pixel_dtype(result),
+            "setup_s": time.perf_counter() - t0,
+        }
+
+    def run(self) -> dict[str, Any]:
+        """Every request once: the wall and process CPU seconds, images and prompt tokens."""
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(req: dict[str, Any]) -> int:
+            async with gate:
+                loop = asyncio.get_running_loop()
+                images = await asyncio.gather(
+                    *(loop.run_in_executor(self.pool, _decode, self.data[k]) for k in req["images"])
+                )
+                # on the event loop, as vLLM's renderer runs it
+                return len(self.apply(req["prompt"], list(images))["prompt_token_ids"])
+
+        async def all_requests() -> dict[str, Any]:
+            c0, w0, s0 = time.process_time(), time.perf_counter(), os.times().system
+            tokens = await asyncio.gather(*(one(req) for req in self.requests))
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            return {
+                "status": "ok",
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "system_cpu_s": os.times().system - s0,
+                "requests": len(self.requests),
+                "images": sum(len(req["images"]) for req in self.requests),
+                "prompt_tokens": sum(tokens),
+            }
+
+        return asyncio.run(all_requests())
+
+
+def _decode(data: bytes) -> Any:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image.convert("RGB")
+
+
+def _pixel_dtype(result: Any) -> str | None:
+    """The dtype of the first image's pixel tensor in a processor output (None: none)."""
+    for item in result["mm_kwargs"].get("image", [])[:1]:
+        for key, elem in item.items():
+            if key.startswith("pixel_values"):
+                return str(elem.data.dtype).removeprefix("torch.")
+    return None
+
+
+def _failed(exc: BaseException) -> dict[str, Any]:
+    return {
+        "status": "failed",
+        "reason": f"{type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exc()[-4000:],
+    }
+
+
+def serve() -> int:
+    """The persistent mode: one job from stdin, then rounds until ``quit`` (module docstring)."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever vLLM or transformers print goes to stderr, never into the replies
+
+    def reply(message: dict[str, Any]) -> None:
+        replies.write(json.dumps(json_safe(message)) + "\n")
+        replies.flush()
+
+    try:
+        rounds = _Rounds(json.loads(sys.stdin.readline()))
+    except Exception as exc:
+        reply(_failed(exc))
+        return 0
+    reply(rounds.ready)
+    for line in sys.stdin:
+        op = json.loads(line).get("op")
+        if op == "quit":
+            break
+        try:
+            reply(rounds.run() if op == "round" else {"status": "failed", "reason": f"op {op!r}"})
+        except Exception as exc:
+            reply(_failed(exc))
+    rounds.pool.shutdown()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        return serve()
     job_path, result_path = argv
     job = json.loads(Path(job_path).read_text())
     try:
