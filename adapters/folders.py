@@ -67,6 +67,11 @@ family's HF processor expands:
   (``OpenGVLab/InternVL3-1B-hf``'s template without its default system prompt).
 - Gemma 3: ``<start_of_turn>user\\n...<end_of_turn>\\n`` turns with ``<start_of_image>`` per image,
   the system prompt prefixed to the first user turn (``google/gemma-3-4b-it``).
+- Idefics3: ``<|begin_of_text|>``, ``Role:`` turns (``Role: `` before text) ending
+  ``<end_of_utterance>\\n``, ``<image>`` per image (``HuggingFaceM4/Idefics3-8B-Llama3``).
+- PaddleOCR-VL: ``<|begin_of_sentence|>``, system text then ``\\n``, ``User: `` turns with the
+  images first (``<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>`` each), then the text and
+  ``\\n``, ``Assistant: `` turns ending ``<|end_of_sentence|>`` (``PaddlePaddle/PaddleOCR-VL``).
 """
 
 from __future__ import annotations
@@ -209,6 +214,18 @@ CHAT_TEMPLATES: dict[str, str] = {
     "ChameleonProcessor": CHAMELEON_TEMPLATE,
     "NemotronVLReference": LLAMA3_VL_TEMPLATE,
     "Llama4Processor": LLAMA4_TEMPLATE,
+    # HuggingFaceM4/Idefics3-8B-Llama3's: "Role:" turns ("Role: " before text), each ended by
+    # <end_of_utterance>, an image as <image>
+    "Idefics3Processor": (
+        "<|begin_of_text|>{% for message in messages %}{{ message['role'] | capitalize }}"
+        "{% if message['content'] is string %}{{ ': ' + message['content'] }}"
+        "{% else %}{% if message['content'][0]['type'] == 'image' %}{{ ':' }}"
+        "{% else %}{{ ': ' }}{% endif %}{% for line in message['content'] %}"
+        "{% if line['type'] == 'text' %}{{ line['text'] }}"
+        "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}{% endif %}"
+        "<end_of_utterance>\n{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+    ),
     # OpenGVLab/InternVL3-1B-hf's ChatML; its default (Chinese) system prompt is left out
     "InternVLProcessor": (
         "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -242,6 +259,26 @@ CHAT_TEMPLATES: dict[str, str] = {
     ),
     "LlavaNextProcessor": LLAVA_NEXT_TEMPLATE,
     "LlavaOnevisionProcessor": LLAVA_ONEVISION_TEMPLATE,
+    # PaddlePaddle/PaddleOCR-VL's template: a user turn's images come before its text
+    "PaddleOCRVLProcessor": (
+        "<|begin_of_sentence|>{% for message in messages %}"
+        "{% if message['role'] == 'user' %}User: "
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for content in message['content'] %}{% if content['type'] == 'image' %}"
+        "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>{% endif %}{% endfor %}"
+        "{% for content in message['content'] %}{% if content['type'] == 'text' %}"
+        "{{ content['text'] }}{% endif %}{% endfor %}{% endif %}{{ '\\n' }}"
+        "{% elif message['role'] == 'assistant' %}Assistant: "
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for content in message['content'] %}{% if content['type'] == 'text' %}"
+        "{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|end_of_sentence|>"
+        "{% elif message['role'] == 'system' %}"
+        "{% if message['content'] is string %}{{ message['content'] + '\\n' }}{% else %}"
+        "{% for content in message['content'] %}{% if content['type'] == 'text' %}"
+        "{{ content['text'] + '\\n' }}{% endif %}{% endfor %}{% endif %}"
+        "{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}Assistant: {% endif %}"
+    ),
 }
 
 #: the context length written into every offline ``config.json`` (``max_position_embeddings``:
@@ -518,6 +555,27 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {
         "text_config.eos_token_id": ("<eos>", "<end_of_turn>"),
         "text_config.pad_token_id": "<pad>",
     }),
+    "idefics3": ConfigSpec("idefics3", {  # HuggingFaceM4/Idefics3-8B-Llama3
+        "scale_factor": 2, "tie_word_embeddings": False,
+        "text_config": {
+            "model_type": "llama", "vocab_size": 128259, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+        "vision_config": {
+            "model_type": "idefics3_vision", "hidden_size": 1152, "intermediate_size": 4304,
+            "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 364,
+            "patch_size": 14,
+        },
+    }, {
+        "image_token_id": "<image>",
+        # Idefics3Config keeps a top-level pad id under this name (its default: 128002)
+        "_pad_token_id": "<|reserved_special_token_0|>",
+        "text_config.bos_token_id": "<|begin_of_text|>",
+        "text_config.eos_token_id": ("<|end_of_text|>", "<end_of_utterance>"),
+        "text_config.pad_token_id": "<|reserved_special_token_0|>",
+    }),
     "llava-next": ConfigSpec("llava_next", {  # llava-hf/llava-v1.6-mistral-7b-hf
         "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
         "projector_hidden_act": "gelu", "use_image_newline_parameter": True,
@@ -561,6 +619,31 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {
         "image_token_index": "<image>",
         "video_token_index": "<video>",
         "text_config.eos_token_id": "<|im_end|>",
+    }),
+    "paddleocr-vl": ConfigSpec("paddleocr_vl", {  # PaddlePaddle/PaddleOCR-VL
+        "tie_word_embeddings": False,
+        "text_config": {
+            "vocab_size": 103424, "hidden_size": 1024, "intermediate_size": 3072,
+            "num_hidden_layers": 18, "num_attention_heads": 16, "num_key_value_heads": 2,
+            "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-05, "use_bias": False,
+            "tie_word_embeddings": False,
+            "pad_token_id": None,  # ERNIE pads with <unk>, which the folder's tokenizer lacks
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                "mrope_section": [16, 24, 24]},
+        },
+        "vision_config": {
+            "model_type": "paddleocr_vl_vision", "hidden_size": 1152, "intermediate_size": 4304,
+            "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 384,
+            "patch_size": 14, "spatial_merge_size": 2, "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-06,
+        },
+    }, {
+        "image_token_id": "<|IMAGE_PLACEHOLDER|>",
+        "video_token_id": "<|VIDEO_PLACEHOLDER|>",
+        "vision_start_token_id": "<|IMAGE_START|>",
+        "vision_end_token_id": "<|IMAGE_END|>",
+        "text_config.bos_token_id": "<s>",
+        "text_config.eos_token_id": "</s>",
     }),
 }  # fmt: skip
 

@@ -130,6 +130,14 @@ _TOKEN_ID_FIELD: dict[str, str] = {
 _PATCH_PADDED = frozenset({"LlavaNextProcessor", "LlavaOnevisionProcessor"})
 
 
+#: keys vLLM's processor sends in another dtype than aiomm's items hold them, by HF processor
+#: class: Idefics3's all-ones ``pixel_attention_mask`` (HF's int64; bool in aiomm's items and
+#: caches, an eighth of the bytes)
+_WIRE_DTYPES: dict[str, dict[str, torch.dtype]] = {
+    "Idefics3Processor": {"pixel_attention_mask": torch.int64},
+}
+
+
 @dataclass(frozen=True)
 class WireForm:
     """How vLLM 0.33's render server writes a model's items, which its multimodal processor
@@ -152,6 +160,8 @@ class WireForm:
     #: image items' ``pixel_values`` padded with zero patches to the most of the request's
     #: images (:data:`_PATCH_PADDED`; aiomm's items hold their own patches only)
     pad_patches: bool = False
+    #: keys sent in another dtype than the items hold (:data:`_WIRE_DTYPES`)
+    dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)
 
     @classmethod
     def of(cls, processor: Any) -> WireForm:
@@ -169,6 +179,7 @@ class WireForm:
             if token_attribute is None
             else int(getattr(processor, token_attribute)),
             pad_patches=family in _PATCH_PADDED,
+            dtypes=_WIRE_DTYPES.get(family, {}),
         )
 
 
@@ -386,6 +397,9 @@ def encode_items(
         values = {names[k]: _wire_value(k, item, float_dtype) for k in keys}
         if most and item.modality == "image" and "pixel_values" in values:
             values["pixel_values"] = _padded_patches(values["pixel_values"], most)
+        for key, dtype in wire.dtypes.items():
+            if isinstance(values.get(key), torch.Tensor):
+                values[key] = values[key].to(dtype)
         fields = {names[k]: _field(names[k], item.fields[k], item_slices.get(k, [])) for k in keys}
         if wire.image_token_id is not None and item.modality == "image":
             values["image_token_id"] = torch.tensor(wire.image_token_id)

@@ -154,7 +154,10 @@ def test_the_vision_config_patches_as_the_processor(name: str, written: Folders)
     vision = getattr(config, "vision_config", None)
     reference = get_adapter_info(name).build_hf_processor(backend="torchvision")
     image = getattr(reference, "image_processor", None)
-    if hasattr(image, "merge_size"):  # Qwen-VL and GLM-V: the processor's patching is vLLM's
+    if type(reference).__name__ == "PaddleOCRVLProcessor":  # one frame: no temporal patch
+        assert vision.patch_size == image.patch_size, name
+        assert vision.spatial_merge_size == image.merge_size, name
+    elif hasattr(image, "merge_size"):  # Qwen-VL and GLM-V: the processor's patching is vLLM's
         assert vision.patch_size == image.patch_size, name
         assert vision.spatial_merge_size == image.merge_size, name
         assert vision.temporal_patch_size == image.temporal_patch_size, name
@@ -176,6 +179,10 @@ def test_the_vision_config_patches_as_the_processor(name: str, written: Folders)
         assert config.image_grid_pinpoints == image.image_grid_pinpoints, name
         patch = image.crop_size.height if image.crop_size else image.size.height
         assert vision.image_size == patch, name
+    elif hasattr(image, "max_image_size"):  # Idefics3: the sub-image and its tokens
+        assert vision.image_size == image.max_image_size["longest_edge"], name
+        patches = (vision.image_size // vision.patch_size) ** 2
+        assert patches // config.scale_factor**2 == reference.image_seq_len, name
     elif vision is not None:  # Llama Nemotron VL: the tiling parameters
         assert vision.patch_size == reference.patch_size, name
         assert config.force_image_size == reference.image_size, name

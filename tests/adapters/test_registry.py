@@ -35,6 +35,8 @@ EXPECTED = {
     "internvl": "InternVLForConditionalGeneration",
     "llava-next": "LlavaNextForConditionalGeneration",
     "llava-onevision": "LlavaOnevisionForConditionalGeneration",
+    "idefics3": "Idefics3ForConditionalGeneration",
+    "paddleocr-vl": "PaddleOCRVLForConditionalGeneration",
 }
 
 
@@ -62,6 +64,8 @@ def test_device_normalize_defaults() -> None:
     assert defaults.pop("chameleon") is False
     assert defaults.pop("gemma3") is False  # vLLM's Gemma 3 takes normalised pixels
     assert defaults.pop("llama4") is False  # HF normalises in bfloat16, as vLLM sends it
+    assert defaults.pop("idefics3") is False  # vLLM's Idefics3 takes normalised pixels
+    assert defaults.pop("paddleocr-vl") is False  # vLLM's PaddleOCR-VL takes normalised pixels
     # vLLM's models for these take normalised pixels (no mm_device_do_normalize)
     for name in ("internvl", "llava-next", "llava-onevision"):
         assert defaults.pop(name) is False, name

@@ -250,3 +250,31 @@ def live_server_llava_onevision(
 
     folder = write_model_folder("llava-onevision", tmp_path_factory.mktemp("llava_onevision"))
     yield from _served(folder, RECORDED_MODEL_LLAVA_ONEVISION)
+
+
+#: the path the Idefics3 fixtures' vLLM server was given (``fixtures_idefics3/``, recorded for
+#: ``aiomm serve idefics3``'s folder)
+RECORDED_MODEL_IDEFICS3 = "/tmp/vllm-probe/idefics3"
+
+
+@pytest.fixture(scope="module")
+def live_server_idefics3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve idefics3``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("idefics3", tmp_path_factory.mktemp("idefics3"))
+    yield from _served(folder, RECORDED_MODEL_IDEFICS3)
+
+
+#: the path the PaddleOCR-VL fixtures' vLLM server was given (``fixtures_paddleocr_vl/``,
+#: recorded for ``aiomm serve paddleocr-vl``'s folder)
+RECORDED_MODEL_PADDLEOCR_VL = "/tmp/vllm-probe/paddleocr-vl"
+
+
+@pytest.fixture(scope="module")
+def live_server_paddleocr_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve paddleocr-vl``'s offline folder."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("paddleocr-vl", tmp_path_factory.mktemp("paddleocr_vl"))
+    yield from _served(folder, RECORDED_MODEL_PADDLEOCR_VL)

@@ -48,6 +48,12 @@ InternVL accepts the ``thin`` image, so its ``error_image_aspect_ratio`` is kept
 ``--digest``, except the ``mm_none`` cases and the refused ``chat_two_images``); its
 ``pan_and_scan/`` cases (their own bodies, with ``mm_processor_kwargs``) from a second server for
 that folder started with ``--trust-request-mm-kwargs``.
+``fixtures_idefics3/`` came on 2026-12-06 from a server for the ``write_model_folder("idefics3",
+...)`` folder at ``/tmp/vllm-probe/idefics3`` (``MM_CACHE_GB=0``, the default ``LIMIT_MM``,
+``--digest``): the image cases, ``chat_tiled_images``, ``chat_mm_none`` and the refused images.
+``fixtures_paddleocr_vl/`` came on 2026-12-06 from a server for the
+``write_model_folder("paddleocr-vl", ...)`` folder at ``/tmp/vllm-probe/paddleocr-vl``
+(``MM_CACHE_GB=0``, the default ``LIMIT_MM``; ``--digest``, except the cases without items).
 The video cases need the server started with videos allowed
 (``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded frames, a
 few codecs and containers).

@@ -188,6 +188,14 @@ class Reference:
             # vLLM's count of each image and its pan-and-scan crops, which the processor drops
             crops = self.processor.image_processor(pil, **self.processor.images_kwargs)
             images_out["num_patches"] = torch.tensor([1 + n for n in crops["num_crops"]])
+        if type(self.processor).__name__ == "Idefics3Processor":
+            # vLLM squeezes the one prompt's batch row and counts each image's sub-images
+            count = self.processor.image_processor.get_number_of_image_patches
+            for key in ("pixel_values", "pixel_attention_mask"):
+                images_out[key] = images_out[key][0]
+            images_out["num_patches"] = torch.tensor(
+                [max(count(p.height, p.width, {})[0], 1) for p in pil]
+            )
         return out["input_ids"][0].tolist(), images_out
 
 

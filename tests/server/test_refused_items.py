@@ -31,11 +31,13 @@ from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
 from aiomm.adapters.folders import write_model_folder
 from aiomm.adapters.gemma import Gemma3MultiModalProcessor
 from aiomm.adapters.glm import Glm5NextMultiModalProcessor, GlmVMultiModalProcessor
+from aiomm.adapters.idefics3 import Idefics3MultiModalProcessor
 from aiomm.adapters.internvl import InternVLMultiModalProcessor
 from aiomm.adapters.llama4 import Llama4MultiModalProcessor
 from aiomm.adapters.llava import LlavaNextMultiModalProcessor, LlavaOnevisionMultiModalProcessor
 from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
+from aiomm.adapters.paddleocr_vl import PaddleOCRVLMultiModalProcessor
 from aiomm.adapters.qwen_vl import QWEN3, QwenVLProcessor
 from aiomm.adapters.registry import AdapterInfo
 from aiomm.server import ServerConfig, create_app
@@ -54,6 +56,7 @@ ACCEPTING = (
     LlavaNextMultiModalProcessor,
     LlavaOnevisionMultiModalProcessor,
     Llama4MultiModalProcessor,
+    Idefics3MultiModalProcessor,
 )
 
 
@@ -127,6 +130,8 @@ def refusals(info: AdapterInfo) -> list[Refusal]:
         return [THIN_IMAGE, THIN_VIDEO, ONE_FRAME_GLM]
     if cls is Mistral3MultiModalProcessor:
         return [EMPTY_RESIZE]
+    if cls is PaddleOCRVLMultiModalProcessor:  # images only; 200 after scaling thin sides up
+        return [THIN_IMAGE]
     return []
 
 

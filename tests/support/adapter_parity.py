@@ -39,6 +39,7 @@ from aiomm.adapters import AdapterInfo, build_processor, get_adapter_info, suppo
 from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
 from aiomm.adapters.gemma import Gemma3MultiModalProcessor
 from aiomm.adapters.glm import GlmVMultiModalProcessor
+from aiomm.adapters.idefics3 import Idefics3MultiModalProcessor
 from aiomm.adapters.internvl import InternVLMultiModalProcessor
 from aiomm.adapters.llama4 import Llama4MultiModalProcessor
 from aiomm.adapters.llava import (
@@ -49,6 +50,7 @@ from aiomm.adapters.llava import (
 )
 from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
+from aiomm.adapters.paddleocr_vl import PaddleOCRVLMultiModalProcessor
 from aiomm.adapters.qwen_vl import QwenVLProcessor
 from aiomm.media.samples import photo_like
 from aiomm.processing.processor import MultiModalConfig
@@ -200,6 +202,33 @@ def _llama4_reference(proc: Any, text: str, images: list[Any], kwargs: dict[str,
     return dataclasses.replace(ref, fields=fields)
 
 
+def _idefics3_reference(
+    proc: Any, text: str, images: list[Any], kwargs: dict[str, Any]
+) -> Reference:
+    """Idefics3's processor call, its one prompt's batch row taken as vLLM takes it (``[n, ...]``),
+    with vLLM's per-image ``num_patches`` (the image processor's count; the processor drops it)."""
+    ref = _hf_reference(
+        ["pixel_attention_mask"],
+        lambda p: [
+            p.image_token_id,
+            p.fake_image_token_id,
+            p.global_image_token_id,
+            *p.row_col_ids,
+        ],
+    )(proc, text, images, kwargs)
+    count = proc.image_processor.get_number_of_image_patches
+    patches = [max(count(im.height, im.width, kwargs)[0], 1) for im in images]
+    return dataclasses.replace(
+        ref,
+        pixel_values_u8=ref.pixel_values_u8[0],
+        pixel_values=ref.pixel_values[0],
+        fields={
+            "pixel_attention_mask": ref.fields["pixel_attention_mask"][0].bool(),
+            "num_patches": torch.tensor(patches),
+        },
+    )
+
+
 _SMALL = ((1, 1), (3, 5), (28, 28), (57, 33), (1, 150), (150, 1), (199, 3), (240, 320),
           (333, 500), (480, 640), (700, 20))  # fmt: skip
 _LARGE = ((1080, 1920), (1536, 2048))
@@ -292,6 +321,13 @@ FAMILIES: dict[type, Family] = {
         sizes=(*_SMALL, (896, 896), (300, 1000)),
         large_sizes=_LARGE,
     ),
+    Idefics3MultiModalProcessor: Family(
+        reference=_idefics3_reference,
+        layout="NCHW",
+        # 364 multiples: one sub-image, or a grid's edge
+        sizes=(*_SMALL, (364, 364), (365, 364), (364, 1456), (1456, 1456), (20, 2000)),
+        large_sizes=(*_LARGE, (2000, 600)),
+    ),
     InternVLMultiModalProcessor: Family(
         reference=_hf_reference(
             [], lambda p: [p.start_image_token_id, p.image_token_id, p.end_image_token_id]
@@ -301,6 +337,15 @@ FAMILIES: dict[type, Family] = {
         sizes=(*_SMALL, (448, 448), (448, 896), (1344, 448), (896, 896), (20, 2000)),
         large_sizes=(*_LARGE, (2160, 3840)),
         random_side=1400,
+    ),
+    PaddleOCRVLMultiModalProcessor: Family(
+        reference=_hf_reference(
+            ["image_grid_thw"], lambda p: [p.image_token_id], return_mm_token_type_ids=False
+        ),
+        layout="NCHW",
+        sizes=(*_SMALL, (27, 29), (384, 384)),
+        large_sizes=(*_LARGE, (2000, 3000)),
+        max_aspect=150,  # above 200 is rejected, after scaling thin images up
     ),
 }
 
