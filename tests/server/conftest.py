@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -128,6 +129,20 @@ def _served(folder: Path, recorded_model: str) -> Iterator[LiveServer]:
         yield server
 
 
+def _registered_server(fixture: str, short_name: str, recorded_model: str) -> Any:
+    """A module-scoped fixture named ``fixture``: a live server for the offline folder
+    ``aiomm serve SHORT_NAME`` writes (``aiomm.adapters.folders.write_model_folder``), hashing
+    items with ``recorded_model``, the path vLLM's render server was given for the fixtures."""
+
+    def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+        from aiomm.adapters.folders import write_model_folder
+
+        folder = write_model_folder(short_name, tmp_path_factory.mktemp(fixture))
+        yield from _served(folder, recorded_model)
+
+    return pytest.fixture(scope="module", name=fixture)(served)
+
+
 @pytest.fixture(scope="module")
 def live_server_qwen2_5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A server for the Qwen2.5-VL variant of the folder (``second_per_grid_ts``)."""
@@ -163,22 +178,14 @@ def live_server_glm_ocr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Li
     yield from _served(folder, RECORDED_MODEL_GLM_OCR)
 
 
-@pytest.fixture(scope="module")
-def live_server_mistral3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve mistral3``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("mistral3", tmp_path_factory.mktemp("mistral3"))
-    yield from _served(folder, RECORDED_MODEL_MISTRAL3)
+live_server_mistral3 = _registered_server(
+    "live_server_mistral3", "mistral3", RECORDED_MODEL_MISTRAL3
+)
 
 
-@pytest.fixture(scope="module")
-def live_server_nemotron_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve llama-nemotron-vl-embed``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("llama-nemotron-vl-embed", tmp_path_factory.mktemp("nemotron"))
-    yield from _served(folder, RECORDED_MODEL_NEMOTRON_VL)
+live_server_nemotron_vl = _registered_server(
+    "live_server_nemotron_vl", "llama-nemotron-vl-embed", RECORDED_MODEL_NEMOTRON_VL
+)
 
 
 #: the path the Gemma 3 fixtures' vLLM server was given (``fixtures_gemma3/``, the folder
@@ -186,26 +193,16 @@ def live_server_nemotron_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 RECORDED_MODEL_GEMMA3 = "/tmp/vllm-probe/gemma3"
 
 
-@pytest.fixture(scope="module")
-def live_server_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve gemma3``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("gemma3", tmp_path_factory.mktemp("gemma3"))
-    yield from _served(folder, RECORDED_MODEL_GEMMA3)
+live_server_gemma3 = _registered_server("live_server_gemma3", "gemma3", RECORDED_MODEL_GEMMA3)
 
 
 #: the path the InternVL fixtures' vLLM server was given (``fixtures_internvl/``)
 RECORDED_MODEL_INTERNVL = "/tmp/vllm-probe/internvl"
 
 
-@pytest.fixture(scope="module")
-def live_server_internvl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve internvl``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("internvl", tmp_path_factory.mktemp("internvl"))
-    yield from _served(folder, RECORDED_MODEL_INTERNVL)
+live_server_internvl = _registered_server(
+    "live_server_internvl", "internvl", RECORDED_MODEL_INTERNVL
+)
 
 
 #: the path the Llama 4 fixtures' vLLM server was given (``fixtures_llama4/``, the folder
@@ -213,13 +210,7 @@ def live_server_internvl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
 RECORDED_MODEL_LLAMA4 = "/tmp/vllm-probe/llama4"
 
 
-@pytest.fixture(scope="module")
-def live_server_llama4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve llama4``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("llama4", tmp_path_factory.mktemp("llama4"))
-    yield from _served(folder, RECORDED_MODEL_LLAMA4)
+live_server_llama4 = _registered_server("live_server_llama4", "llama4", RECORDED_MODEL_LLAMA4)
 
 
 #: the path the LLaVA-NeXT fixtures' vLLM server was given (``fixtures_llava_next/``, recorded
@@ -227,13 +218,9 @@ def live_server_llama4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
 RECORDED_MODEL_LLAVA_NEXT = "/tmp/vllm-probe/llava-next"
 
 
-@pytest.fixture(scope="module")
-def live_server_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve llava-next``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("llava-next", tmp_path_factory.mktemp("llava_next"))
-    yield from _served(folder, RECORDED_MODEL_LLAVA_NEXT)
+live_server_llava_next = _registered_server(
+    "live_server_llava_next", "llava-next", RECORDED_MODEL_LLAVA_NEXT
+)
 
 
 #: the same for the LLaVA-OneVision fixtures (``fixtures_llava_onevision/``, recorded for
@@ -241,15 +228,9 @@ def live_server_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Iterator
 RECORDED_MODEL_LLAVA_ONEVISION = "/tmp/vllm-probe/llava-onevision"
 
 
-@pytest.fixture(scope="module")
-def live_server_llava_onevision(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve llava-onevision``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("llava-onevision", tmp_path_factory.mktemp("llava_onevision"))
-    yield from _served(folder, RECORDED_MODEL_LLAVA_ONEVISION)
+live_server_llava_onevision = _registered_server(
+    "live_server_llava_onevision", "llava-onevision", RECORDED_MODEL_LLAVA_ONEVISION
+)
 
 
 #: the path the Idefics3 fixtures' vLLM server was given (``fixtures_idefics3/``, recorded for
@@ -257,13 +238,9 @@ def live_server_llava_onevision(
 RECORDED_MODEL_IDEFICS3 = "/tmp/vllm-probe/idefics3"
 
 
-@pytest.fixture(scope="module")
-def live_server_idefics3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve idefics3``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("idefics3", tmp_path_factory.mktemp("idefics3"))
-    yield from _served(folder, RECORDED_MODEL_IDEFICS3)
+live_server_idefics3 = _registered_server(
+    "live_server_idefics3", "idefics3", RECORDED_MODEL_IDEFICS3
+)
 
 
 #: the path the PaddleOCR-VL fixtures' vLLM server was given (``fixtures_paddleocr_vl/``,
@@ -271,10 +248,6 @@ def live_server_idefics3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
 RECORDED_MODEL_PADDLEOCR_VL = "/tmp/vllm-probe/paddleocr-vl"
 
 
-@pytest.fixture(scope="module")
-def live_server_paddleocr_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server for ``aiomm serve paddleocr-vl``'s offline folder."""
-    from aiomm.adapters.folders import write_model_folder
-
-    folder = write_model_folder("paddleocr-vl", tmp_path_factory.mktemp("paddleocr_vl"))
-    yield from _served(folder, RECORDED_MODEL_PADDLEOCR_VL)
+live_server_paddleocr_vl = _registered_server(
+    "live_server_paddleocr_vl", "paddleocr-vl", RECORDED_MODEL_PADDLEOCR_VL
+)

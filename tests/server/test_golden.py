@@ -12,9 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from render_compare import differences
+from render_compare import assert_matches_recorded
 
 from aiomm.vllm.wire import decode_item
 
@@ -49,13 +48,13 @@ def _load(name: str, folder: Path = FIXTURES) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", CASES)
 def test_matches_vllm(live_server: Any, name: str) -> None:
-    _check(live_server, _load(name), name)
+    assert_matches_recorded(live_server.url, _load(name), name)
 
 
 @pytest.mark.parametrize("name", CASES_QWEN2_5)
 def test_qwen2_5_vl_videos_match_vllm(live_server_qwen2_5: Any, name: str) -> None:
     case = _load(name, FIXTURES_QWEN2_5)
-    _check(live_server_qwen2_5, case, name)
+    assert_matches_recorded(live_server_qwen2_5.url, case, name)
     metadata = case["response"]["features"]["mm_metadata"]
     if metadata is not None:  # the field this folder exists for
         assert all("second_per_grid_ts" in decode_item(m) for m in metadata["video"])
@@ -64,7 +63,7 @@ def test_qwen2_5_vl_videos_match_vllm(live_server_qwen2_5: Any, name: str) -> No
 @pytest.mark.parametrize("name", CASES_QWEN3)
 def test_qwen3_vl_videos_match_vllm(live_server_qwen3: Any, name: str) -> None:
     case = _load(name, FIXTURES_QWEN3)
-    _check(live_server_qwen3, case, name)
+    assert_matches_recorded(live_server_qwen3.url, case, name)
     metadata = case["response"]["features"]["mm_metadata"]
     if metadata is not None:  # the field Qwen3-VL adds to a video item
         assert all("timestamps" in decode_item(m) for m in metadata.get("video", []))
@@ -73,7 +72,7 @@ def test_qwen3_vl_videos_match_vllm(live_server_qwen3: Any, name: str) -> None:
 @pytest.mark.parametrize("name", CASES_GLM4V)
 def test_glm4v_videos_match_vllm(live_server_glm4v: Any, name: str) -> None:
     case = _load(name, FIXTURES_GLM4V)
-    _check(live_server_glm4v, case, name)
+    assert_matches_recorded(live_server_glm4v.url, case, name)
     if case["status"] != 200:  # one video per prompt
         return
     features = case["response"]["features"]
@@ -88,7 +87,7 @@ def test_glm4v_videos_match_vllm(live_server_glm4v: Any, name: str) -> None:
 @pytest.mark.parametrize("name", CASES_GLM_OCR)
 def test_glm_ocr_videos_match_vllm(live_server_glm_ocr: Any, name: str) -> None:
     case = _load(name, FIXTURES_GLM_OCR)
-    _check(live_server_glm_ocr, case, name)
+    assert_matches_recorded(live_server_glm_ocr.url, case, name)
     if name != "video_one_second":  # the clip the checks below describe
         return
     ids = case["response"]["token_ids"]
@@ -104,7 +103,7 @@ def test_glm_ocr_videos_match_vllm(live_server_glm_ocr: Any, name: str) -> None:
 @pytest.mark.parametrize("name", CASES_MISTRAL3)
 def test_mistral3_images_match_vllm(live_server_mistral3: Any, name: str) -> None:
     case = _load(name, FIXTURES_MISTRAL3)
-    _check(live_server_mistral3, case, name)
+    assert_matches_recorded(live_server_mistral3.url, case, name)
     features = case["response"]["features"]
     assert features["mm_metadata"] is None  # no field of Mistral 3's is kept on the CPU
     if features["kwargs_data"] is None:  # mm_payload "none"
@@ -115,26 +114,13 @@ def test_mistral3_images_match_vllm(live_server_mistral3: Any, name: str) -> Non
 @pytest.mark.parametrize("name", CASES_NEMOTRON_VL)
 def test_nemotron_vl_images_match_vllm(live_server_nemotron_vl: Any, name: str) -> None:
     case = _load(name, FIXTURES_NEMOTRON_VL)
-    _check(live_server_nemotron_vl, case, name)
+    assert_matches_recorded(live_server_nemotron_vl.url, case, name)
     metadata = case["response"]["features"]["mm_metadata"]
     if metadata is None:  # mm_payload "none"
         return
     assert all(
         set(decode_item(m)) == {"image_token_id", "image_num_patches"} for m in metadata["image"]
     )
-
-
-def _check(live_server: Any, case: dict[str, Any], name: str) -> None:
-    resp = httpx.post(live_server.url + case["path"], json=case["body"], timeout=60)
-    found = differences(
-        resp.status_code,
-        resp.json(),
-        case["status"],
-        case["response"],
-        body=case["body"],
-        path=case["path"],
-    )
-    assert not found, f"{name}: " + "\n".join(found)
 
 
 def test_fixtures_cover_the_acceptance_cases() -> None:

@@ -15,9 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from render_compare import differences
+from render_compare import assert_matches_recorded
 
 from aiomm.vllm.wire import decode_item
 
@@ -57,16 +56,7 @@ def test_the_fixtures_cover_successes_refusals_and_grids() -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_idefics3_images_match_vllm(live_server_idefics3: Any, name: str) -> None:
     case = _load(name)
-    resp = httpx.post(live_server_idefics3.url + case["path"], json=case["body"], timeout=120)
-    found = differences(
-        resp.status_code,
-        resp.json(),
-        case["status"],
-        case["response"],
-        body=case["body"],
-        path=case["path"],
-    )
-    assert not found, f"{name}: " + "\n".join(found)
+    assert_matches_recorded(live_server_idefics3.url, case, name, timeout=120)
     if case["status"] != 200:
         return
     features = case["response"]["features"]

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from render_compare import differences
+from render_compare import assert_matches_recorded
 
 from aiomm.vllm.wire import Field, decode_item
 
@@ -35,27 +35,14 @@ def _load(family: str, name: str) -> dict[str, Any]:
     return json.loads((FIXTURES[family] / f"{name}.json").read_text())
 
 
-def _check(server: Any, case: dict[str, Any], name: str) -> None:
-    resp = httpx.post(server.url + case["path"], json=case["body"], timeout=120)
-    found = differences(
-        resp.status_code,
-        resp.json(),
-        case["status"],
-        case["response"],
-        body=case["body"],
-        path=case["path"],
-    )
-    assert not found, f"{name}: " + "\n".join(found)
-
-
 @pytest.mark.parametrize("name", CASES["next"])
 def test_llava_next_matches_vllm(live_server_llava_next: Any, name: str) -> None:
-    _check(live_server_llava_next, _load("next", name), name)
+    assert_matches_recorded(live_server_llava_next.url, _load("next", name), name)
 
 
 @pytest.mark.parametrize("name", CASES["onevision"])
 def test_llava_onevision_matches_vllm(live_server_llava_onevision: Any, name: str) -> None:
-    _check(live_server_llava_onevision, _load("onevision", name), name)
+    assert_matches_recorded(live_server_llava_onevision.url, _load("onevision", name), name)
 
 
 def test_onevision_videos_are_refused(live_server_llava_onevision: Any) -> None:

@@ -14,10 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
-from render_compare import differences
+from render_compare import assert_matches_recorded
 
 from aiomm.vllm.wire import decode_item
 
@@ -34,16 +33,7 @@ def _load(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", CASES)
 def test_paddleocr_vl_matches_vllm(live_server_paddleocr_vl: Any, name: str) -> None:
     case = _load(name)
-    resp = httpx.post(live_server_paddleocr_vl.url + case["path"], json=case["body"], timeout=120)
-    found = differences(
-        resp.status_code,
-        resp.json(),
-        case["status"],
-        case["response"],
-        body=case["body"],
-        path=case["path"],
-    )
-    assert not found, f"{name}: " + "\n".join(found)
+    resp = assert_matches_recorded(live_server_paddleocr_vl.url, case, name, timeout=120)
     features = resp.json().get("features") if resp.status_code == 200 else None
     if not features or features["kwargs_data"] is None:
         return

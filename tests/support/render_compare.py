@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import httpx
+
 from aiomm.vllm.wire import decode_item
 
 __all__ = ("differences", "feature_differences")
@@ -62,6 +64,24 @@ def differences(
             continue
         out += _response(a, b, where, client_id=client_id)
     return out
+
+
+def assert_matches_recorded(
+    url: str, case: dict[str, Any], name: str, timeout: float = 120
+) -> httpx.Response:
+    """POST a recorded case (``{"path", "body", "status", "response"}``) to the server at
+    ``url`` and assert its answer equals the recorded one (:func:`differences`); the answer."""
+    resp = httpx.post(url + case["path"], json=case["body"], timeout=timeout)
+    found = differences(
+        resp.status_code,
+        resp.json(),
+        case["status"],
+        case["response"],
+        body=case["body"],
+        path=case["path"],
+    )
+    assert not found, f"{name}: " + "\n".join(found)
+    return resp
 
 
 def _response(
