@@ -42,6 +42,17 @@ class BackendNormalization:
             params.rescale_factor, params.image_mean, params.image_std,
         )  # fmt: skip
 
+    def _cpu_normalize_tiles(self, tiles: torch.Tensor, params: Any) -> torch.Tensor:
+        """:meth:`_cpu_normalize` of a uint8 ``[n, C, H, W]`` stack: one batched call on the
+        torchvision backend (elementwise, so equal to per-tile calls), one per tile on the PIL
+        backend (its numpy operations take one ``C x H x W`` image)."""
+        if self.backend is Backend.TORCHVISION:
+            return self.image_processor.rescale_and_normalize(
+                tiles, True, params.rescale_factor, True,
+                tuple(params.image_mean), tuple(params.image_std),
+            )  # fmt: skip
+        return torch.stack([self._cpu_normalize(tile, params) for tile in tiles])
+
     def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
         p = self._resolve_params(hf_kwargs)
         return NormalizationParams(p.rescale_factor, p.image_mean, p.image_std, self.pixel_layout)

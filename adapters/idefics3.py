@@ -346,8 +346,7 @@ class Idefics3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
             return {}
         tiles = torch.cat(per_image) if len(per_image) > 1 else per_image[0]
         if not self.device_normalize:
-            # per sub-image: the PIL backend normalises one CHW image at a time
-            tiles = torch.stack([self._cpu_normalize(tile, params) for tile in tiles])
+            tiles = self._cpu_normalize_tiles(tiles, params)
         # every sub-image is square: nothing is padded
         mask = torch.ones((len(tiles), params.side, params.side), dtype=torch.bool)
         return {"pixel_values": tiles, "pixel_attention_mask": mask}

@@ -44,16 +44,21 @@ import torch
 
 from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import resolve_params
-from aiomm.adapters.nemotron_vl import IMG_CONTEXT, IMG_END, IMG_START, split_tiles
+from aiomm.adapters.nemotron_vl import (
+    IMG_CONTEXT,
+    IMG_END,
+    IMG_START,
+    TiledImageItems,
+    split_tiles,
+)
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
-from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
+from aiomm.processing.fields import MultiModalKwargsItem
 from aiomm.processing.image_ops import Resample, resize, to_rgb_array
 from aiomm.processing.processor import BaseMultiModalProcessor, image_size, planned_item
-from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 __all__ = (
     "INTERNVL_IMAGE_PARAMS",
@@ -212,7 +217,7 @@ def _tile_size(size: Any) -> tuple[int, int]:
         "OpenGVLab/InternVL3-1B-hf, OpenGVLab/InternVL3_5-1B-HF",
     )
 )  # fmt: skip
-class InternVLMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
+class InternVLMultiModalProcessor(TiledImageItems, BackendNormalization, BaseMultiModalProcessor):
     """Processor of InternVL 3 / 3.5 (``InternVLProcessor``), images."""
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.NCHW
@@ -227,10 +232,19 @@ class InternVLMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
+        #: the context token's id, as vLLM's items carry it (``WireForm.image_token_id``)
         self.image_token_id = int(hf_processor.image_token_id)
-        self.start_image_token_id = int(hf_processor.start_image_token_id)
-        self.end_image_token_id = int(hf_processor.end_image_token_id)
+        self.placeholder_ids = [self.image_token_id]
+        self.tile_tokens = (
+            int(hf_processor.start_image_token_id),
+            self.image_token_id,
+            int(hf_processor.end_image_token_id),
+        )
         self.image_seq_length = int(hf_processor.image_seq_length)
+
+    @property
+    def tokens_per_tile(self) -> int:
+        return self.image_seq_length
 
     # kwargs ---------------------------------------------------------------------------------
 
@@ -285,12 +299,9 @@ class InternVLMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
         per_image = [self.tile_image(image, params) for image in hf_data.get("images", [])]
         if not per_image:
             return {}
-        if not self.device_normalize:
-            per_image = [
-                torch.stack([self._cpu_normalize(tile, params) for tile in tiles])
-                for tiles in per_image
-            ]
         pixel_values = torch.cat(per_image) if len(per_image) > 1 else per_image[0]
+        if not self.device_normalize:
+            pixel_values = self._cpu_normalize_tiles(pixel_values, params)
         counts = np.array([len(t) for t in per_image], dtype=np.int64)
         return {"pixel_values": pixel_values, "image_num_patches": torch.from_numpy(counts)}
 
@@ -311,36 +322,3 @@ class InternVLMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
     ) -> MultiModalKwargsItem:
         tiles = self.num_tiles(height, width, self._resolve_params(hf_kwargs))
         return planned_item("image", image_num_patches=torch.tensor(tiles, dtype=torch.long))
-
-    # fields, updates ------------------------------------------------------------------------
-
-    def _get_mm_fields_config(
-        self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
-    ) -> dict[str, MultiModalFieldConfig]:
-        counts = outputs.get("image_num_patches")
-        return {
-            "pixel_values": MultiModalFieldConfig.flat_from_sizes(
-                "image", counts if counts is not None else []
-            ),
-            "image_num_patches": MultiModalFieldConfig.batched("image"),
-        }
-
-    def image_tokens(self, num_tiles: int) -> PromptUpdateDetails:
-        """``<img>`` + ``<IMG_CONTEXT>`` x (256 x tiles) + ``</img>``; embeds on the context."""
-        context = [self.image_token_id] * (self.image_seq_length * num_tiles)
-        return PromptUpdateDetails.select_token_id(
-            [self.start_image_token_id, *context, self.end_image_token_id], self.image_token_id
-        )
-
-    def _get_prompt_updates(
-        self,
-        mm_counts: Mapping[str, int],
-        hf_kwargs: Mapping[str, Any],
-        mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
-    ) -> list[PromptUpdate]:
-        items = mm_kwargs.get("image", [])
-
-        def replacement(i: int) -> PromptUpdateDetails:
-            return self.image_tokens(int(items[i].data["image_num_patches"]))
-
-        return [PromptReplacement("image", [self.image_token_id], replacement)]

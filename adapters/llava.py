@@ -295,9 +295,6 @@ class LlavaNextMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor
         out[0] = resize(rgb, *self.base_size, params.resample, self.backend)
         return out
 
-    def _normalize_patches(self, patches: torch.Tensor, params: _TransformParams) -> torch.Tensor:
-        return torch.stack([self._cpu_normalize(patch, params) for patch in patches])
-
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
         params = self._resolve_params(hf_kwargs)
         images = hf_data.get("images", [])
@@ -306,7 +303,7 @@ class LlavaNextMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor
         sizes = [list(image_size(image)) for image in images]
         stacks = [self.patch_image(image, params) for image in images]
         if not self.device_normalize:
-            stacks = [self._normalize_patches(stack, params) for stack in stacks]
+            stacks = [self._cpu_normalize_tiles(stack, params) for stack in stacks]
         # Unpadded: the field config splits a list of stacks as it splits HF's padded batch.
         return {"pixel_values": stacks, "image_sizes": torch.tensor(sizes, dtype=torch.long)}
 

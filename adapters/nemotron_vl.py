@@ -56,6 +56,7 @@ from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, Pro
 __all__ = (
     "LlamaNemotronVLProcessor",
     "NemotronVLReference",
+    "TiledImageItems",
     "build_reference",
     "select_tile_grid",
     "split_tiles",
@@ -207,6 +208,56 @@ class _TileParams:
         return self.max_dynamic_patch if self.dynamic_image_size else 1
 
 
+class TiledImageItems:
+    """Mixin (listed before ``BaseMultiModalProcessor``) of InternVL-style tiled images: items
+    with the tiles flat (``pixel_values``, split by ``image_num_patches``) and each placeholder
+    replaced by ``<img>``, ``<IMG_CONTEXT>`` x (tokens per tile x tiles) and ``</img>``, the
+    context tokens taking the embeddings.
+
+    The adapter sets ``placeholder_ids`` (what the prompt holds per image), ``tile_tokens``
+    (the ids of ``<img>``, ``<IMG_CONTEXT>`` and ``</img>``) and ``tokens_per_tile``.
+    """
+
+    placeholder_ids: list[int]
+    tile_tokens: tuple[int, int, int]
+
+    @property
+    def tokens_per_tile(self) -> int:
+        """Context tokens per tile."""
+        raise NotImplementedError
+
+    def _get_mm_fields_config(
+        self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
+    ) -> dict[str, MultiModalFieldConfig]:
+        counts = outputs.get("image_num_patches")
+        return {
+            "pixel_values": MultiModalFieldConfig.flat_from_sizes(
+                "image", counts if counts is not None else []
+            ),
+            "image_num_patches": MultiModalFieldConfig.batched("image"),
+        }
+
+    def image_tokens(self, num_tiles: int) -> PromptUpdateDetails:
+        """``<img>`` + ``<IMG_CONTEXT>`` x (tokens x tiles) + ``</img>``; embeds on the context."""
+        start, context, end = self.tile_tokens
+        return PromptUpdateDetails.select_token_id(
+            [start, *[context] * (self.tokens_per_tile * num_tiles), end], context
+        )
+
+    def _get_prompt_updates(
+        self,
+        mm_counts: Mapping[str, int],
+        hf_kwargs: Mapping[str, Any],
+        mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> list[PromptUpdate]:
+        items = mm_kwargs.get("image", [])
+
+        def replacement(i: int) -> PromptUpdateDetails:
+            return self.image_tokens(int(items[i].data["image_num_patches"]))
+
+        return [PromptReplacement("image", self.placeholder_ids, replacement)]
+
+
 @register(
     Architecture(
         "llama-nemotron-vl-embed", "LlamaNemotronVLForEmbedding", build_reference,
@@ -219,7 +270,7 @@ class _TileParams:
         "nvidia/llama-nemotron-rerank-vl-1b-v2",
     ),
 )  # fmt: skip
-class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
+class LlamaNemotronVLProcessor(TiledImageItems, BaseMultiModalProcessor):
     """Processor of the Llama Nemotron VL embedder and reranker (native transform only)."""
 
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
@@ -239,7 +290,9 @@ class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
             IMAGE_PLACEHOLDER, add_special_tokens=False
         )
         start, end, context = tokenizer.convert_tokens_to_ids([IMG_START, IMG_END, IMG_CONTEXT])
-        self.img_start_id, self.img_end_id, self.img_context_id = int(start), int(end), int(context)
+        self.tile_tokens = (int(start), int(context), int(end))
+        #: the context token's id, as vLLM's items carry it (``WireForm.image_token_id``)
+        self.img_context_id = int(context)
 
     @classmethod
     def load_hf_processor(cls, path: str, **kwargs: Any) -> NemotronVLReference:
@@ -315,36 +368,9 @@ class LlamaNemotronVLProcessor(BaseMultiModalProcessor):
 
     # fields, updates, normalisation ---------------------------------------------------------
 
-    def _get_mm_fields_config(
-        self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
-    ) -> dict[str, MultiModalFieldConfig]:
-        counts = outputs.get("image_num_patches")
-        return {
-            "pixel_values": MultiModalFieldConfig.flat_from_sizes(
-                "image", counts if counts is not None else []
-            ),
-            "image_num_patches": MultiModalFieldConfig.batched("image"),
-        }
-
-    def image_tokens(self, num_tiles: int) -> PromptUpdateDetails:
-        """``<img>`` + ``<IMG_CONTEXT>`` x (tokens x tiles) + ``</img>``; embeds on the context."""
-        context = [self.img_context_id] * (self.ref.num_image_token * num_tiles)
-        return PromptUpdateDetails.select_token_id(
-            [self.img_start_id, *context, self.img_end_id], self.img_context_id
-        )
-
-    def _get_prompt_updates(
-        self,
-        mm_counts: Mapping[str, int],
-        hf_kwargs: Mapping[str, Any],
-        mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
-    ) -> list[PromptUpdate]:
-        items = mm_kwargs.get("image", [])
-
-        def replacement(i: int) -> PromptUpdateDetails:
-            return self.image_tokens(int(items[i].data["image_num_patches"]))
-
-        return [PromptReplacement("image", self.placeholder_ids, replacement)]
+    @property
+    def tokens_per_tile(self) -> int:
+        return self.ref.num_image_token
 
     def _get_normalization_params(self, hf_kwargs: Mapping[str, Any]) -> NormalizationParams:
         ref = self.ref
