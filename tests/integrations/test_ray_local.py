@@ -12,6 +12,7 @@ import pytest
 import ray
 import torch
 from adapter_parity import prompt_text
+from architectures import one_per_preprocessing
 from ray_rows import (
     assert_row_equals,
     engine_results,
@@ -21,24 +22,11 @@ from ray_rows import (
     token_ids,
 )
 
-from aiomm.adapters import supported_adapters
 from aiomm.config import EngineConfig
 from aiomm.integrations.ray import ImagePreprocessor, TorchCollate, _actor_config
 from aiomm.types import Request
 
 CONFIG = EngineConfig(device="cpu", transform_threads=1)
-
-
-def _one_per_preprocessing() -> list[str]:
-    """One architecture per distinct (processor class, reference builder): rows sharing both
-    preprocess alike (the parity harness tests each row against its reference)."""
-    seen: set[tuple[object, object]] = set()
-    out = []
-    for info in supported_adapters():
-        if (info.processor_cls, info.build_hf_processor) not in seen:
-            seen.add((info.processor_cls, info.build_hf_processor))
-            out.append(info.short_name)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +123,7 @@ def test_an_actor_engine_gets_one_transform_thread_per_cpu(local_ray: None) -> N
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", _one_per_preprocessing())
+@pytest.mark.parametrize("name", one_per_preprocessing())
 def test_every_architecture_on_ray_equals_the_engine(local_ray: None, name: str) -> None:
     rows = [
         {"id": 0, "image": [png(10, 60, 90)], "prompt": prompt_text(name, 1)},

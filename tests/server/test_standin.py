@@ -1,5 +1,7 @@
 """The packaged stand-in for ``vllm serve --tokens-only`` (:mod:`aiomm.server.standin`) behind
-``aiomm serve --upstream``, for every registered architecture, as separate processes on loopback.
+``aiomm serve --upstream``, as separate processes on loopback, for one architecture per distinct
+preprocessing (rows sharing their processor class and reference render alike; every row's
+gateway is driven in-process by tests/server/test_architectures.py).
 
 For each short name, ``python -m aiomm.server.standin NAME`` and ``aiomm serve NAME --upstream``
 are started (the next architectures' pairs start while one is tested, so their start-ups
@@ -8,8 +10,6 @@ same text), the same chat streamed (the same text, the same usage), and a comple
 ``max_tokens``. The rendered ``GenerateRequest`` posted to the stand-in directly is accepted, and
 refused (vLLM's 400 error body) with an image token outside every placeholder, a placeholder
 without its mm_hash, or a token id outside the vocabulary.
-
-No architecture is skipped: the gateway serves every registered one.
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ import httpx
 import numpy as np
 import PIL.Image
 import pytest
+from architectures import one_per_preprocessing
 
 pytest.importorskip("starlette")
 openai = pytest.importorskip("openai")
 
-from aiomm.adapters import supported_adapters  # noqa: E402
 from aiomm.server.standin import ModelSpec  # noqa: E402
 from aiomm.server.state import model_folder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import free_port, wait_healthy  # noqa: E402
 
-ADAPTERS = [info.short_name for info in supported_adapters()]
+ADAPTERS = one_per_preprocessing()
 #: pairs started ahead of the one under test
 LOOKAHEAD = 3
 START_TIMEOUT_S = 180.0
