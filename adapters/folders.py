@@ -72,6 +72,11 @@ family's HF processor expands:
 - PaddleOCR-VL: ``<|begin_of_sentence|>``, system text then ``\\n``, ``User: `` turns with the
   images first (``<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>`` each), then the text and
   ``\\n``, ``Assistant: `` turns ending ``<|end_of_sentence|>`` (``PaddlePaddle/PaddleOCR-VL``).
+- SmolVLM: Idefics3's turns after ``<|im_start|>`` (``HuggingFaceTB/SmolVLM2-2.2B-Instruct``).
+- DeepSeek-OCR 2: the BOS, then every message's content without roles, an image as
+  ``<image>\\n`` (vLLM's ``template_deepseek_ocr.jinja``; the checkpoint ships none).
+- Gemma 4: ``<bos>``, ``<|turn>role\\n...<turn|>\\n`` turns (the assistant is ``model``) with
+  ``<|image|>`` per image (``google/gemma-4-E4B-it``).
 """
 
 from __future__ import annotations
@@ -213,6 +218,16 @@ CHAT_TEMPLATES: dict[str, str] = {
     "PixtralProcessor": MISTRAL3_TEMPLATE,
     "ChameleonProcessor": CHAMELEON_TEMPLATE,
     "NemotronVLReference": LLAMA3_VL_TEMPLATE,
+    # vLLM's template_deepseek_ocr.jinja (DeepSeek-OCR's: the BOS, then every message's content,
+    # no roles), an image part written "<image>\n" as vLLM's string content format places it
+    "DeepseekOCR2Reference": (
+        "{{ bos_token }}{% for message in messages %}"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for content in message['content'] %}"
+        "{% if content['type'] == 'image' %}{{ '<image>\\n' }}"
+        "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}"
+        "{% endif %}{% endfor %}"
+    ),
     "Llama4Processor": LLAMA4_TEMPLATE,
     # HuggingFaceM4/Idefics3-8B-Llama3's: "Role:" turns ("Role: " before text), each ended by
     # <end_of_utterance>, an image as <image>
@@ -225,6 +240,30 @@ CHAT_TEMPLATES: dict[str, str] = {
         "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}{% endif %}"
         "<end_of_utterance>\n{% endfor %}"
         "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+    ),
+    # HuggingFaceTB/SmolVLM2-2.2B-Instruct's: Idefics3's turns after <|im_start|>
+    "SmolVLMProcessor": (
+        "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+        "{% if message['content'] is string %}{{ ': ' + message['content'] }}"
+        "{% else %}{% if message['content'][0]['type'] == 'image' %}{{ ':' }}"
+        "{% else %}{{ ': ' }}{% endif %}{% for line in message['content'] %}"
+        "{% if line['type'] == 'text' %}{{ line['text'] }}"
+        "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}{% endif %}"
+        "<end_of_utterance>\n{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+    ),
+    # google/gemma-4-E4B-it's turns: <bos>, "<|turn>role\n" ... "<turn|>\n", the assistant is
+    # "model", text is trimmed, an image as <|image|>
+    "Gemma4Processor": (
+        "{{ bos_token }}{% for message in messages %}"
+        "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+        "{{ '<|turn>' + role + '\\n' }}"
+        "{% if message['content'] is string %}{{ message['content'] | trim }}"
+        "{% else %}{% for item in message['content'] %}"
+        "{% if item['type'] == 'image' %}{{ '<|image|>' }}"
+        "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
+        "{% endif %}{{ '<turn|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}"
     ),
     # OpenGVLab/InternVL3-1B-hf's ChatML; its default (Chinese) system prompt is left out
     "InternVLProcessor": (
@@ -620,6 +659,55 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {
         "video_token_index": "<video>",
         "text_config.eos_token_id": "<|im_end|>",
     }),
+    "smolvlm": ConfigSpec("smolvlm", {  # HuggingFaceTB/SmolVLM2-2.2B-Instruct
+        "scale_factor": 3, "tie_word_embeddings": False,
+        "text_config": {
+            "model_type": "llama", "vocab_size": 49280, "hidden_size": 2048,
+            "intermediate_size": 8192, "num_hidden_layers": 24, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "rms_norm_eps": 1e-05,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 273768.0},
+        },
+        "vision_config": {
+            "model_type": "smolvlm_vision", "hidden_size": 1152, "intermediate_size": 4304,
+            "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 384,
+            "patch_size": 14,
+        },
+    }, {
+        "image_token_id": "<image>",
+        # SmolVLMConfig keeps a top-level pad id under this name (its default: 128002)
+        "_pad_token_id": "<|im_end|>",
+        "text_config.bos_token_id": "<|im_start|>",
+        "text_config.eos_token_id": "<end_of_utterance>",
+        "text_config.pad_token_id": "<|im_end|>",
+    }),
+    # deepseek-ai/DeepSeek-OCR-2: vLLM's own config class (``deepseek_vl_v2``; transformers reads
+    # it through aiomm.adapters.deepseek_ocr.register_config), the language model's fields in
+    # ``language_config``
+    "deepseek-ocr-2": ConfigSpec("deepseek_vl_v2", {
+        "candidate_resolutions": [[1024, 1024]], "global_view_pos": "head", "tile_tag": "2D",
+        "language_config": {
+            "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+            "vocab_size": 129280, "hidden_size": 1280, "intermediate_size": 6848,
+            "moe_intermediate_size": 896, "num_hidden_layers": 12, "num_attention_heads": 10,
+            "num_key_value_heads": 10, "n_routed_experts": 64, "n_shared_experts": 2,
+            "num_experts_per_tok": 6, "first_k_dense_replace": 1, "n_group": 1,
+            "topk_group": 1, "topk_method": "greedy", "kv_lora_rank": None,
+            "q_lora_rank": None, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0,
+            "v_head_dim": 0, "use_mla": False, "lm_head": True, "rm_head": False,
+            "torch_dtype": "bfloat16", "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        },
+        "projector_config": {
+            "model_type": "mlp_projector", "projector_type": "linear", "input_dim": 896,
+            "n_embed": 1280,
+        },
+        "vision_config": {"model_type": "vision", "image_size": 1024, "patch_size": 16},
+    }, {
+        # not in the checkpoint's config (vLLM's model takes "<image>" from the tokenizer): for
+        # the tools that read the image token from config.json (aiomm's serve stand-in)
+        "image_token_id": "<image>",
+        "language_config.bos_token_id": "<｜begin▁of▁sentence｜>",
+        "language_config.eos_token_id": "<｜end▁of▁sentence｜>",
+    }),
     "paddleocr-vl": ConfigSpec("paddleocr_vl", {  # PaddlePaddle/PaddleOCR-VL
         "tie_word_embeddings": False,
         "text_config": {
@@ -644,6 +732,34 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {
         "vision_end_token_id": "<|IMAGE_END|>",
         "text_config.bos_token_id": "<s>",
         "text_config.eos_token_id": "</s>",
+    }),
+    "gemma4": ConfigSpec("gemma4", {  # google/gemma-4-E4B-it
+        "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 2560,
+            "intermediate_size": 10240, "num_hidden_layers": 42, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "head_dim": 256, "sliding_window": 512,
+            "rms_norm_eps": 1e-06,
+        },
+        "vision_config": {
+            "model_type": "gemma4_vision", "hidden_size": 768, "intermediate_size": 3072,
+            "num_hidden_layers": 16, "num_attention_heads": 12, "patch_size": 16,
+            "pooling_kernel_size": 3, "position_embedding_size": 10240,
+            # the soft tokens per image vLLM counts without a request's max_soft_tokens
+            "default_output_length": 280,
+        },
+        "audio_config": {"model_type": "gemma4_audio"},
+    }, {
+        "boi_token_id": "<|image>",
+        "eoi_token_id": "<image|>",
+        "image_token_id": "<|image|>",
+        "video_token_id": "<|video|>",
+        "boa_token_id": "<|audio>",
+        "eoa_token_index": "<audio|>",
+        "audio_token_id": "<|audio|>",
+        "text_config.bos_token_id": "<bos>",
+        "text_config.eos_token_id": ("<eos>", "<turn|>"),
+        "text_config.pad_token_id": "<pad>",
     }),
 }  # fmt: skip
 

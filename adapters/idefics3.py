@@ -220,13 +220,15 @@ class Idefics3MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor)
     # vLLM's Idefics3 takes normalised pixels (its model does not normalise on the device)
     default_device_normalize: ClassVar[bool] = False
     has_native: ClassVar[bool] = True
+    #: the HF processor's attribute holding the global image's tag
+    global_token_attribute: ClassVar[str] = "global_image_tag"
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
         self.image_token_id = int(hf_processor.image_token_id)
         self.image_token: str = hf_processor.image_token
         self.fake_token: str = hf_processor.fake_image_token
-        self.global_token: str = hf_processor.global_image_tag
+        self.global_token: str = getattr(hf_processor, self.global_token_attribute)
         self.image_seq_len = int(hf_processor.image_seq_len)
         #: by (rows, cols) (a handful per processor)
         self._image_tokens: dict[tuple[int, int], PromptUpdateDetails] = {}

@@ -37,7 +37,16 @@ plus one newline per row. OneVision: 729 base features (27 x 27, no CLS), the sa
 patch, scaled down to about 9 patches' features when larger (``anyres_max_9``). vLLM counts them
 from the image's size and the model config (not from the processed pixels); HF's processors
 count the same for the images vLLM hands them (one flat list: every image gets its grid).
-OneVision's videos are not taken: vLLM's video loader for it is not reproduced here.
+
+OneVision's videos (``LlavaOnevisionVideoProcessor``, the torchvision video processor on both
+image backends): every frame given is taken (HF's ``do_sample_frames`` is off; vLLM's render
+server hands over the 32 frames its default loader reads, :mod:`aiomm.vllm.video_media`),
+squashed to ``size`` (384 x 384, bicubic, antialiased, the frames as one batch), rescaled and
+normalised: ``pixel_values_videos`` ``[frames, 3, 384, 384]`` per video, a batched field (vLLM
+processes each video in its own HF call, so videos of different lengths are a list; the images
+of such a request in one call of their own). Each ``<video>`` becomes ``<video>`` x
+(``ceil(27 / 2)^2 = 196`` pooled features per frame, and one newline), all embeddings (vLLM's
+``get_num_video_tokens``, which reads only the frame count).
 """
 
 from __future__ import annotations
@@ -53,17 +62,20 @@ import torch
 from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import resolve_params
 from aiomm.adapters.offline import build_tokenizer
+from aiomm.adapters.qwen_vl import check_device_normalization
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ConfigError
 from aiomm.kernels import ChannelLayout
+from aiomm.media.video import SampledVideo, VideoClip, VideoInfo
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import (
     FieldConfig,
+    FieldKind,
     MultiModalFieldConfig,
     MultiModalKwargsItem,
     PaddedPatchesField,
 )
-from aiomm.processing.image_ops import Resample, resize, to_rgb_array
+from aiomm.processing.image_ops import Resample, resize, resize_chw, to_rgb_array
 from aiomm.processing.processor import (
     BaseMultiModalProcessor,
     check_uint8_exact,
@@ -75,6 +87,7 @@ from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, Pro
 __all__ = (
     "LlavaNextMultiModalProcessor",
     "LlavaOnevisionMultiModalProcessor",
+    "VideoFramesField",
     "anyres_grid",
     "fit_size",
     "select_best_resolution",
@@ -156,6 +169,36 @@ def unpadded_features(
 
 
 # ----------------------------------------------------------------------------- the field
+
+
+@dataclass(frozen=True)
+class VideoFramesField(MultiModalFieldConfig):
+    """OneVision's ``pixel_values_videos``: a batched field of ``[frames, C, H, W]`` stacks whose
+    frame counts may differ. Equal stacks merge as a batched field does (``[N, frames, C, H,
+    W]``); unequal ones into a list of them, as vLLM hands them to its model (the device stage
+    takes their frames concatenated and :meth:`finish` splits them again)."""
+
+    kind: FieldKind = FieldKind.BATCHED
+    modality: str = "video"
+
+    def merge(self, values: Sequence[Any]) -> Any:
+        if _same_shapes(values):
+            return super().merge(values)
+        return list(values)
+
+    def concat_parts(self, values: Sequence[Any]) -> list[torch.Tensor] | None:
+        if _same_shapes(values):
+            return super().concat_parts(values)
+        return [torch.as_tensor(v) for v in values]
+
+    def finish(self, batch: torch.Tensor, values: Sequence[Any]) -> Any:
+        if _same_shapes(values):
+            return batch
+        return list(torch.split(batch, [int(v.shape[0]) for v in values]))
+
+
+def _same_shapes(values: Sequence[Any]) -> bool:
+    return len({tuple(getattr(v, "shape", ())) for v in values}) <= 1
 
 
 # -------------------------------------------------------------------------- offline builder
@@ -370,8 +413,9 @@ class LlavaNextMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor
 
 # ------------------------------------------------------------------------------- OneVision
 
+VIDEO_PLACEHOLDER = "<video>"
 ONEVISION_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", IMAGE_PLACEHOLDER, "<video>",
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER,
 )  # fmt: skip
 #: llava-hf/llava-onevision-qwen2-7b-ov-hf's grid: 1 to 6 patches of 384 a side
 ONEVISION_PINPOINTS = [[h, w] for h in range(384, 2305, 384) for w in range(384, 2305, 384)]
@@ -418,9 +462,16 @@ def build_onevision_processor(backend: str = "torchvision", **overrides: Any) ->
     )
 )  # fmt: skip
 class LlavaOnevisionMultiModalProcessor(LlavaNextMultiModalProcessor):
-    """Processor of LLaVA-OneVision (``LlavaOnevisionProcessor``), images: LLaVA-NeXT's anyres
-    transform on SigLIP's 384 px patches (no crop, mean/std 0.5), and its ``anyres_max_9``
-    count: a grid of more than about 9 patches' features is scaled down to that many."""
+    """Processor of LLaVA-OneVision (``LlavaOnevisionProcessor``), images and videos: LLaVA-NeXT's
+    anyres transform on SigLIP's 384 px patches (no crop, mean/std 0.5), and its
+    ``anyres_max_9`` count: a grid of more than about 9 patches' features is scaled down to that
+    many. A video item is a :class:`~aiomm.media.video.VideoClip` (or ``T x H x W x 3`` frames),
+    every frame of it taken (module docstring)."""
+
+    supported_modalities: ClassVar[tuple[str, ...]] = ("image", "video")
+    dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
+        {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER}
+    )
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
@@ -428,6 +479,124 @@ class LlavaOnevisionMultiModalProcessor(LlavaNextMultiModalProcessor):
         if not aspect.startswith("anyres_max_"):
             raise ConfigError(f"{type(self).__name__} needs anyres_max_N, got {aspect!r}")
         self.max_patches = int(aspect.removeprefix("anyres_max_"))
+        self.video_processor: Any = hf_processor.video_processor
+        if self.video_processor is None:
+            raise ConfigError(f"{type(self).__name__} needs the processor's video_processor")
+        self.video_token_id = int(hf_processor.video_token_id)
+        size = self.video_processor.size
+        self.frame_size = (int(_size_get(size, "height")), int(_size_get(size, "width")))
+        #: features per frame: the patch grid average-pooled with stride 2 (vLLM's
+        #: ``_get_num_frame_tokens``; HF's ``replace_video_token``)
+        self.frame_features = math.ceil(self.npatches / 2) ** 2
+
+    # videos -----------------------------------------------------------------------------------
+
+    def sample_frames(self, info: VideoInfo, hf_kwargs: Mapping[str, Any]) -> list[int]:
+        """Every frame of a video of ``info``: HF's OneVision video processor samples none
+        (``do_sample_frames`` off; vLLM's render server samples with its loader instead)."""
+        return list(range(info.total_num_frames))
+
+    def _resolve_video_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
+        return resolve_params(_TransformParams, self.video_processor, hf_kwargs)
+
+    def transform_video(self, frames: np.ndarray, params: _TransformParams) -> torch.Tensor:
+        """``T x H x W x 3`` uint8 frames -> ``[T, 3, height, width]`` as the video processor
+        makes them: resized as one batch, normalised (uint8 when the device normalises)."""
+        # T x C x H x W with channels-last strides: the resize reads any strides
+        video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
+        if tuple(video.shape[-2:]) != self.frame_size:
+            video = resize_chw(video, *self.frame_size, params.resample)
+        if self.device_normalize:
+            return video.contiguous()
+        return self.video_processor.rescale_and_normalize(
+            video.float(), True, params.rescale_factor, True,
+            tuple(params.image_mean), tuple(params.image_std),
+        ).contiguous()  # fmt: skip
+
+    def _get_hf_mm_inputs(
+        self, mm_items: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        hf_data, kwargs, passthrough = super()._get_hf_mm_inputs(mm_items, hf_kwargs)
+        if "videos" in hf_data:
+            hf_data["videos"] = [
+                v.frames if isinstance(v, VideoClip) else np.asarray(v) for v in hf_data["videos"]
+            ]
+        return hf_data, kwargs, passthrough
+
+    def _call_hf_processor(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
+        """The HF processor called as vLLM calls it when a request has videos: its images in one
+        call, each video in its own (HF cannot stack videos of different lengths)."""
+        videos = hf_data.get("videos")
+        if self.transform == "native" or not videos:
+            return super()._call_hf_processor(hf_data, hf_kwargs)
+        out: dict[str, Any] = {}
+        if images := hf_data.get("images"):
+            text = [IMAGE_PLACEHOLDER * len(images)]
+            done = super()._call_hf_processor({"text": text, "images": images}, hf_kwargs)
+            out.update({k: done[k] for k in ("pixel_values", "image_sizes")})
+        stacks = []
+        for frames in videos:
+            one = {"text": [VIDEO_PLACEHOLDER], "videos": [frames]}
+            stacks.append(super()._call_hf_processor(one, hf_kwargs)["pixel_values_videos"][0])
+        out["pixel_values_videos"] = stacks
+        return out
+
+    def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
+        videos = hf_data.get("videos", [])
+        out = dict(super()._call_native_transform(hf_data, hf_kwargs))
+        if videos:
+            params = self._resolve_video_params(hf_kwargs)
+            if self.device_normalize:
+                check_device_normalization(self._resolve_params(hf_kwargs), params)
+            out["pixel_values_videos"] = [self.transform_video(f, params) for f in videos]
+        return out
+
+    def _postprocess_hf_mm_data(
+        self, data: dict[str, Any], hf_kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        videos = data.pop("pixel_values_videos", None)
+        data = super()._postprocess_hf_mm_data(data, hf_kwargs)
+        if videos is not None:
+            stacks = [torch.as_tensor(v) for v in videos]  # a list, or HF's batch of one
+            if self.device_normalize:
+                stacks = [check_uint8_exact("pixel_values_videos", v) for v in stacks]
+            data["pixel_values_videos"] = stacks
+        return data
+
+    def plan_video(self, video: SampledVideo, hf_kwargs: Mapping[str, Any]) -> MultiModalKwargsItem:
+        return planned_item("video", {"num_frames": video.num_frames})
+
+    def _get_mm_fields_config(
+        self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
+    ) -> dict[str, FieldConfig]:
+        fields = super()._get_mm_fields_config(outputs, hf_kwargs)
+        if "pixel_values_videos" in outputs:
+            fields["pixel_values_videos"] = VideoFramesField()
+        return fields
+
+    def num_video_tokens(self, num_frames: int) -> int:
+        """The placeholder tokens of a video of ``num_frames`` frames (vLLM's
+        ``get_num_video_tokens``): the pooled features of every frame and one newline."""
+        return self.frame_features * num_frames + 1
+
+    def _get_prompt_updates(
+        self,
+        mm_counts: Mapping[str, int],
+        hf_kwargs: Mapping[str, Any],
+        mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
+    ) -> list[PromptUpdate]:
+        updates = super()._get_prompt_updates(mm_counts, hf_kwargs, mm_kwargs)
+        videos = mm_kwargs.get("video", [])
+
+        def replacement(i: int) -> PromptUpdateDetails:
+            item = videos[i]
+            pixels = item.data.get("pixel_values_videos")
+            frames = item.prompt_data["num_frames"] if pixels is None else int(pixels.shape[0])
+            tokens = [self.video_token_id] * self.num_video_tokens(frames)
+            return PromptUpdateDetails.from_seq(tokens)
+
+        updates.append(PromptReplacement("video", [self.video_token_id], replacement))
+        return updates
 
     def _feature_grid(self, hf_processor: Any) -> tuple[int, int]:
         """SigLIP has no CLS: the base image's features are ``num_image_tokens``, a square."""

@@ -9,11 +9,15 @@ import typing as _typing
 
 from .errors import AiommError as AiommError
 from .errors import AspectRatioError as AspectRatioError
+from .errors import AudioDecodeError as AudioDecodeError
+from .errors import AudioTooLargeError as AudioTooLargeError
+from .errors import AudioTooLongError as AudioTooLongError
 from .errors import BlockedAddressError as BlockedAddressError
 from .errors import CacheValueError as CacheValueError
 from .errors import ConfigError as ConfigError
 from .errors import DecodeError as DecodeError
 from .errors import DownloadTooLargeError as DownloadTooLargeError
+from .errors import EmptyAudioError as EmptyAudioError
 from .errors import EmptyResizeError as EmptyResizeError
 from .errors import EmptyVideoError as EmptyVideoError
 from .errors import EngineClosedError as EngineClosedError
@@ -78,6 +82,9 @@ _LAZY = {
 __all__ = (
     "AiommError",
     "AspectRatioError",
+    "AudioDecodeError",
+    "AudioTooLargeError",
+    "AudioTooLongError",
     "BlockedAddressError",
     "CacheOutcome",
     "CacheValueError",
@@ -85,6 +92,7 @@ __all__ = (
     "DecodeConfig",
     "DecodeError",
     "DownloadTooLargeError",
+    "EmptyAudioError",
     "EmptyResizeError",
     "EmptyVideoError",
     "Engine",

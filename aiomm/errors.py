@@ -36,6 +36,10 @@ and never embed payloads. Any error may carry the ``request_id`` and ``item_inde
     │   └── DecodeError                            corrupt, truncated, empty or unsupported image
     │       ├── ImageTooLargeError                 pixel count above the limit (decompression bomb)
     │       ├── EmptyVideoError                    a video without a decodable frame
+    │       ├── AudioDecodeError                   bytes that are not decodable audio
+    │       ├── EmptyAudioError                    audio without a sample
+    │       ├── AudioTooLongError                  audio longer than the duration limit
+    │       ├── AudioTooLargeError                 audio above the encoded or decoded byte limit
     │       └── VideoTooLargeError                 sampled frames or bytes above the video budget
     ├── OverloadedError (RuntimeError)             too many requests waiting: shed (HTTP 429/503)
     └── EngineClosedError (RuntimeError)           the engine is not open
@@ -56,11 +60,15 @@ if sys.version_info < (3, 11):  # pragma: no cover
 __all__ = (
     "AiommError",
     "AspectRatioError",
+    "AudioDecodeError",
+    "AudioTooLargeError",
+    "AudioTooLongError",
     "BlockedAddressError",
     "CacheValueError",
     "ConfigError",
     "DecodeError",
     "DownloadTooLargeError",
+    "EmptyAudioError",
     "EmptyResizeError",
     "EmptyVideoError",
     "EngineClosedError",
@@ -400,6 +408,33 @@ class ImageTooLargeError(DecodeError):
 
 class EmptyVideoError(DecodeError):
     """Raised when a video holds no decodable frame (no video stream, or zero frames)."""
+
+
+class AudioDecodeError(DecodeError):
+    """Raised when bytes are not audio that libsndfile or FFmpeg can decode (corrupt, truncated,
+    unsupported), or audio a resampler cannot take."""
+
+
+class EmptyAudioError(DecodeError):
+    """Raised when an audio item holds no sample: empty bytes, no audio stream, zero frames."""
+
+
+class AudioTooLongError(DecodeError):
+    """Raised when audio lasts longer than ``limit_s`` seconds, from the header when it tells the
+    duration, else while decoding."""
+
+    def __init__(self, duration: str, limit_s: float, **context: Any) -> None:
+        self.limit_s = limit_s
+        super().__init__(f"audio longer than the limit of {limit_s} s ({duration})", **context)
+
+
+class AudioTooLargeError(DecodeError):
+    """Raised when audio's encoded bytes, or the PCM it decodes to, exceed ``limit`` bytes."""
+
+    def __init__(self, what: str, size: int, limit: int, **context: Any) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{what} of {size} bytes exceed the limit of {limit} bytes", **context)
 
 
 class VideoTooLargeError(DecodeError):

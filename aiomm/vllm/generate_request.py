@@ -64,6 +64,7 @@ _KEEP_ON_CPU = frozenset(
         "num_patches",  # Gemma 3
         "patches_per_image",
         "aspect_ratios",
+        "images_spatial_crop",  # DeepSeek-OCR 2
     }
 )
 
@@ -75,7 +76,10 @@ _KEY_ORDER = (
     "patches_per_image",
     "pixel_values_flat",
     "timestamps",
+    "images_crop",  # DeepSeek-OCR 2: its local views, global view, grid
+    "pixel_position_ids",  # Gemma 4: its patches' positions before its patches
     "pixel_values",
+    "images_spatial_crop",
     "image_grid_thw",
     "second_per_grid_ts",
     "video_grid_thw",
@@ -111,7 +115,9 @@ _DROPPED_KEYS: dict[str, frozenset[str]] = {
 #: keys vLLM's processor names otherwise, by HF processor class: the InternVL-style processors
 #: (Llama Nemotron VL) send their tiles as ``pixel_values_flat``
 _RENAMED_KEYS: dict[str, dict[str, str]] = {
-    "NemotronVLReference": {"pixel_values": "pixel_values_flat"}
+    "NemotronVLReference": {"pixel_values": "pixel_values_flat"},
+    # Gemma 4's patch positions (aiomm's items already hold them under vLLM's name)
+    "Gemma4Processor": {"image_position_ids": "pixel_position_ids"},
 }
 
 
@@ -135,6 +141,7 @@ _PATCH_PADDED = frozenset({"LlavaNextProcessor", "LlavaOnevisionProcessor"})
 #: caches, an eighth of the bytes)
 _WIRE_DTYPES: dict[str, dict[str, torch.dtype]] = {
     "Idefics3Processor": {"pixel_attention_mask": torch.int64},
+    "SmolVLMProcessor": {"pixel_attention_mask": torch.int64},
 }
 
 
@@ -236,6 +243,29 @@ def place_payload(
         if any(metadata[i] is not None for i in picked):
             features["mm_metadata"][modality] = [metadata[i] for i in picked]
     features["mm_metadata"] = features["mm_metadata"] or None
+    _check_metadata_modalities(features)
+
+
+def _check_metadata_modalities(features: Mapping[str, Any]) -> None:
+    """Refuse, as vLLM's ``MultiModalFeatures`` validator does, features whose ``mm_metadata``
+    names other modalities than ``mm_hashes`` (LLaVA-OneVision's images keep ``image_sizes`` on
+    the CPU, its videos nothing: a request with both is a 400 in vLLM 0.33).
+
+    :raises ApiError: 400 with pydantic's message (its input shown cut to 25 + 24 characters).
+    """
+    metadata = features["mm_metadata"]
+    if metadata is None or set(metadata) == set(features["mm_hashes"]):
+        return
+    head = repr({"mm_hashes": features["mm_hashes"]})[:25]
+    last = list(metadata.values())[-1][-1]
+    tail = ("None" if last is None else repr(str(last))) + "]}}"
+    tail = tail[-24:]
+    raise ApiError(
+        "1 validation error for MultiModalFeatures\n  Value error, mm_metadata must use the same "
+        f"modalities as mm_hashes [type=value_error, input_value={head}...{tail}, "
+        "input_type=dict]\n    For further information visit "
+        "https://errors.pydantic.dev/2.14/v/value_error"
+    )
 
 
 def generate_request(

@@ -9,7 +9,8 @@ or array given to ``Engine.process`` is never decoded here.
 
 :class:`VllmDecoder` is a :class:`~aiomm.engine.stages.transform.Decoder`: pass it to ``Engine(...,
 decoder=...)``; its ``probe_video`` and ``sample_video`` read a video's header and pick its frames
-as vLLM's Qwen2-VL, Qwen3-VL, GLM-4V or GLM-OCR loader does (:mod:`aiomm.vllm.video_media`).
+as vLLM's Qwen2-VL, Qwen3-VL, GLM-4V, GLM-OCR or LLaVA-OneVision loader does
+(:mod:`aiomm.vllm.video_media`).
 :func:`converts_mode` tells whether decoding changes the image mode, which vLLM folds into the
 item's hash (see :mod:`aiomm.vllm.mm_hash`). :class:`VllmHasher` is a
 :class:`~aiomm.engine.stages.Hasher`: pass it to ``Engine(..., hasher=...)`` and the engine's
@@ -42,6 +43,7 @@ from aiomm.vllm.video_media import (
     sample_indices_glm4v,
     sample_indices_glm46v,
     sample_indices_qwen3,
+    sample_indices_uniform,
 )
 
 __all__ = (
@@ -145,12 +147,12 @@ class VllmDecoder(PillowDecoder):
         video_loader: str = "qwen2_vl",
     ) -> None:
         """``video_loader``: the vLLM loader whose frames :meth:`sample_video` picks,
-        ``"qwen2_vl"``, ``"qwen3_vl"``, ``"glm4v"`` or ``"glm46v"``
-        (:func:`aiomm.vllm.video_media.video_loader`).
+        ``"qwen2_vl"``, ``"qwen3_vl"``, ``"glm4v"``, ``"glm46v"`` or ``"opencv"`` (vLLM's
+        default loader, LLaVA-OneVision's) (:func:`aiomm.vllm.video_media.video_loader`).
 
         :raises ConfigError: another loader.
         """
-        if video_loader not in ("qwen2_vl", "qwen3_vl", "glm4v", "glm46v"):
+        if video_loader not in ("qwen2_vl", "qwen3_vl", "glm4v", "glm46v", "opencv"):
             raise ConfigError(f"unknown vLLM video loader {video_loader!r}")
         super().__init__(config or DecodeConfig(), max_pixels=max_pixels)
         self.video_loader = video_loader
@@ -223,6 +225,8 @@ class VllmDecoder(PillowDecoder):
             return sample_indices_glm4v(info)
         if self.video_loader == "glm46v":
             return sample_indices_glm46v(info)
+        if self.video_loader == "opencv":
+            return sample_indices_uniform(info)
         return sample_indices(info)
 
 

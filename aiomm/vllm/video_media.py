@@ -34,6 +34,10 @@ vLLM 0.33 loads a ``video_url`` with the ``Qwen2VLVideoBackend`` loader over the
   (:func:`sample_indices_glm46v`; HF's ``Glm46VVideoProcessor`` rule). Its last-frame repeat for
   an even count is a duplicate the reader reads once. The prompt's timestamps are whole seconds
   (``int(index / fps)``, written ``"0.0 seconds"``), where HF's are fractional.
+* **LLaVA-OneVision** (vLLM's default ``"opencv"`` loader, ``VideoBackend``, for
+  ``LlavaOnevisionVideoProcessor``; the same header and reader): ``min(32, total)`` frames
+  (``VideoMediaIO``'s ``num_frames``; no rate bound), every frame when that is all of them, else
+  ``np.linspace(0, total - 1, n, dtype=int)`` (:func:`sample_indices_uniform`).
 * **Frames**: decoded in stream order and converted to RGB by FFmpeg's swscale. PyAV's
   ``to_ndarray(format="rgb24")`` gives the same bytes as OpenCV's BGR decode flipped to RGB
   (checked on H.264 4:2:0 and 4:4:4, VP8, VP9, MPEG-4 Part 2 and MJPEG with the same FFmpeg),
@@ -61,6 +65,7 @@ from aiomm.media.video import VideoInfo, import_av, open_container
 __all__ = (
     "GLM4V_VIDEO_PROCESSORS",
     "GLM46V_VIDEO_PROCESSORS",
+    "LLAVA_ONEVISION_VIDEO_PROCESSORS",
     "QWEN2_VIDEO_PROCESSORS",
     "QWEN3_VIDEO_PROCESSORS",
     "VIDEOS_PER_PROMPT",
@@ -71,6 +76,7 @@ __all__ = (
     "sample_indices_glm4v",
     "sample_indices_glm46v",
     "sample_indices_qwen3",
+    "sample_indices_uniform",
     "video_loader",
 )
 
@@ -83,6 +89,9 @@ QWEN3_VIDEO_PROCESSORS = frozenset({"Qwen3VLVideoProcessor"})
 GLM4V_VIDEO_PROCESSORS = frozenset({"Glm4vVideoProcessor"})
 #: HF video processors whose videos vLLM loads with ``GLM46VVideoBackend`` (GLM-OCR, GLM-4.6V)
 GLM46V_VIDEO_PROCESSORS = frozenset({"Glm46VVideoProcessor"})
+#: HF video processors whose videos vLLM loads with its default ``"opencv"`` loader
+#: (``VideoBackend``: 32 frames spread evenly), as for LLaVA-OneVision
+LLAVA_ONEVISION_VIDEO_PROCESSORS = frozenset({"LlavaOnevisionVideoProcessor"})
 #: videos one prompt may carry, per loader's model, where vLLM caps them
 #: (``get_supported_mm_limits``: the GLM-4V family takes one)
 VIDEOS_PER_PROMPT = {"glm4v": 1, "glm46v": 1}
@@ -92,6 +101,7 @@ _BACKEND_NAMES = {
     "qwen3_vl": "opencv",
     "glm4v": "opencv_dynamic",
     "glm46v": "opencv",
+    "opencv": "opencv",
 }
 _MAX_FPS = 30
 
@@ -300,6 +310,22 @@ def sample_indices_glm46v(info: VideoInfo, *, temporal_patch_size: int = 2) -> l
     return _readable(kept, info)
 
 
+def sample_indices_uniform(info: VideoInfo, *, num_frames: int = 32) -> list[int]:
+    """The frame indices vLLM's default ``"opencv"`` loader (``VideoBackend``, LLaVA-OneVision)
+    reads from a video of ``info``: ``min(num_frames, total)`` frames, all of them in order when
+    that is every frame, else ``np.linspace(0, total - 1, n, dtype=int)`` (distinct: the step is
+    at least one frame); none past the frames a reader gets, as :func:`sample_indices`.
+
+    :raises EmptyVideoError: no sampled frame can be read.
+    """
+    total = info.total_num_frames
+    n = max(1, min(num_frames, total))
+    if n == total:
+        return _readable(list(range(total)), info)
+    kept: list[int] = np.linspace(0, total - 1, n, dtype=int).tolist()
+    return _readable(kept, info)
+
+
 def _readable(kept: list[int], info: VideoInfo) -> list[int]:
     """``kept`` without the frames past those a reader gets (vLLM's reader skips them).
 
@@ -315,8 +341,8 @@ def _readable(kept: list[int], info: VideoInfo) -> list[int]:
 
 def video_loader(video_processor_class: str | None) -> str | None:
     """The vLLM video loader aiomm reproduces for a model whose HF video processor has this class
-    name: ``"qwen2_vl"``, ``"qwen3_vl"``, ``"glm4v"``, ``"glm46v"``, or None (vLLM samples that
-    model's videos otherwise)."""
+    name: ``"qwen2_vl"``, ``"qwen3_vl"``, ``"glm4v"``, ``"glm46v"``, ``"opencv"`` (vLLM's default
+    loader, for LLaVA-OneVision), or None (vLLM samples that model's videos otherwise)."""
     if video_processor_class in QWEN2_VIDEO_PROCESSORS:
         return "qwen2_vl"
     if video_processor_class in QWEN3_VIDEO_PROCESSORS:
@@ -325,6 +351,8 @@ def video_loader(video_processor_class: str | None) -> str | None:
         return "glm4v"
     if video_processor_class in GLM46V_VIDEO_PROCESSORS:
         return "glm46v"
+    if video_processor_class in LLAVA_ONEVISION_VIDEO_PROCESSORS:
+        return "opencv"
     return None
 
 

@@ -183,6 +183,13 @@ def test_the_vision_config_patches_as_the_processor(name: str, written: Folders)
         assert vision.image_size == image.max_image_size["longest_edge"], name
         patches = (vision.image_size // vision.patch_size) ** 2
         assert patches // config.scale_factor**2 == reference.image_seq_len, name
+    elif hasattr(reference, "base_size"):  # DeepSeek-OCR 2: the global view is the encoder's
+        assert vision.image_size == reference.base_size, name
+        assert vision.patch_size == reference.patch_size, name
+    elif hasattr(image, "pooling_kernel_size"):  # Gemma 4: patches, pooling, soft tokens
+        assert vision.patch_size == image.patch_size, name
+        assert vision.pooling_kernel_size == image.pooling_kernel_size, name
+        assert vision.default_output_length == image.max_soft_tokens, name
     elif vision is not None:  # Llama Nemotron VL: the tiling parameters
         assert vision.patch_size == reference.patch_size, name
         assert config.force_image_size == reference.image_size, name

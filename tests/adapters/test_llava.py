@@ -13,11 +13,13 @@ import pytest
 import torch
 from adapter_parity import check_case, prompt_text
 from parity import SEED, hf_processor
+from video_samples import frames_of, make_video
 
 from aiomm.adapters import build_processor
 from aiomm.adapters.llava import (
     LLAVA_NEXT_PINPOINTS,
     ONEVISION_PINPOINTS,
+    VideoFramesField,
     fit_size,
     select_best_resolution,
     unpadded_features,
@@ -26,11 +28,18 @@ from aiomm.errors import (
     ConfigError,
     ProcessingError,
     ProcessorKwargsError,
-    UnknownModalityError,
 )
 from aiomm.media.samples import photo_like
+from aiomm.media.video import SampledVideo, VideoClip, VideoInfo
 from aiomm.processing.fields import PaddedPatchesField, merge_items
 from aiomm.processing.processor import MultiModalConfig
+from aiomm.vllm.media import VllmDecoder
+from aiomm.vllm.video_media import (
+    VllmVideoInfo,
+    hash_metadata,
+    sample_indices_uniform,
+    video_loader,
+)
 
 NAME = "llava-next"
 
@@ -219,9 +228,153 @@ def test_onevision_items_merge_into_hfs_batch() -> None:
     assert torch.equal(merged["pixel_values"], ref["pixel_values"]), f"seed={SEED}"
 
 
-def test_onevision_videos_are_not_taken() -> None:
-    """Only images: vLLM's video loader for OneVision is not reproduced."""
+def _clips(lengths: list[int], sizes: list[tuple[int, int]]) -> list[VideoClip]:
+    return [
+        VideoClip(frames_of(t, h, w, seed=t), 8.0, t, tuple(range(t)))
+        for t, (h, w) in zip(lengths, sizes, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("backend", ["torchvision", "pil"])
+@pytest.mark.parametrize("device_normalize", [False, True])
+def test_onevision_video_pixels_equal_hfs(backend: str, device_normalize: bool) -> None:
+    """``pixel_values_videos`` of the native transform and of the HF transform (called as vLLM
+    calls it: the images together, each video alone) equal ``LlavaOnevisionVideoProcessor``'s
+    for each video, on both image backends (the video processor is torchvision's on both)."""
+    proc = hf_processor(ONEVISION, backend)
+    clips = _clips([5, 3, 2], [(50, 70), (384, 384), (500, 301)])
+    image = np.array(photo_like(np.random.default_rng(SEED), 90, 120))
+    extra = {"do_rescale": False, "do_normalize": False} if device_normalize else {}
+    for transform in ("native", "hf"):
+        config = MultiModalConfig(transform=transform, mm_device_do_normalize=device_normalize)
+        ours = build_processor(ONEVISION, proc, config=config)
+        items = ours.process_items({"image": [image], "video": clips}, {})
+        for clip, item in zip(clips, items["video"], strict=True):
+            ref = proc(text=["<video>"], videos=[clip.frames], return_tensors="pt", **extra)
+            got = item.data["pixel_values_videos"]
+            assert got.dtype == ref["pixel_values_videos"].dtype, (transform, backend)
+            assert torch.equal(got, ref["pixel_values_videos"][0]), (transform, backend)
+        ref = proc(text=["<image>"], images=[image], return_tensors="pt", **extra)
+        got = items["image"][0].data["pixel_values"]
+        assert torch.equal(got, ref["pixel_values"][0, : got.shape[0]]), (transform, backend)
+
+
+def test_onevision_video_prompt_equals_hf_and_vllm() -> None:
+    """``<video>`` becomes ``196 * frames + 1`` video tokens, all embeddings: vLLM's
+    ``get_num_video_tokens`` (restated from ``vllm/model_executor/models/llava_onevision.py``:
+    SigLIP's 27 x 27 patch grid pooled with stride 2, plus a newline) and HF's prompt."""
+    proc = hf_processor(ONEVISION, "torchvision")
+    ours = build_processor(ONEVISION, proc)
+    pooled = math.ceil((384 // 14) / 2)
+    for frames in (1, 2, 7, 32):
+        assert ours.num_video_tokens(frames) == pooled * pooled * frames + 1 == 196 * frames + 1
+    clip = _clips([3], [(40, 60)])[0]
+    image = np.array(photo_like(np.random.default_rng(SEED), 70, 50))
+    text = "<|im_start|>user <image><video>\nWhat?<|im_end|>"
+    ref = proc(text=[text], images=[image], videos=[clip.frames], return_tensors="pt")
+    prompt = proc.tokenizer(text)["input_ids"]
+    out = ours.apply(prompt, {"image": [image], "video": [clip]})
+    assert out.prompt_token_ids == ref["input_ids"][0].tolist()
+    (video,) = out.mm_placeholders["video"]
+    assert video.length == 196 * 3 + 1 and video.is_embed is None
+    assert (
+        out.prompt_token_ids[video.offset : video.offset + video.length]
+        == [ours.video_token_id] * video.length
+    )
+
+
+def test_onevision_videos_of_different_lengths_merge_into_a_list() -> None:
+    """Videos of one length merge into ``[N, frames, 3, 384, 384]``; of different lengths into
+    the list vLLM hands its model (the device stage's concatenation split again)."""
     ours = build_processor(ONEVISION)
-    assert ours.supported_modalities == ("image",)
-    with pytest.raises(UnknownModalityError):
-        ours.apply([0], {"video": [np.zeros((2, 8, 8, 3), dtype=np.uint8)]})
+    items = ours.process_items({"video": _clips([2, 3, 2], [(20, 30)] * 3)}, {})["video"]
+    assert isinstance(items[0].fields["pixel_values_videos"], VideoFramesField)
+    same = merge_items([items[0], items[2]])["pixel_values_videos"]
+    assert same.shape == (2, 2, 3, 384, 384)
+    mixed = merge_items(items)["pixel_values_videos"]
+    assert [v.shape[0] for v in mixed] == [2, 3, 2]
+    field = items[0].fields["pixel_values_videos"]
+    values = [item.data["pixel_values_videos"] for item in items]
+    parts = field.concat_parts(values)
+    assert parts is not None and [p.shape[0] for p in parts] == [2, 3, 2]
+    split = field.finish(torch.cat(parts), values)
+    assert all(torch.equal(a, b) for a, b in zip(split, values, strict=True))
+
+
+def test_onevision_takes_every_frame_and_plans_from_the_count() -> None:
+    """HF's OneVision video processor samples no frame (``do_sample_frames`` off); a plan
+    counts the tokens from the frame count."""
+    ours = build_processor(ONEVISION)
+    assert ours.supported_modalities == ("image", "video")
+    assert ours.sample_frames(VideoInfo(45, 10.0, 8, 8), {}) == list(range(45))
+    plan = ours.plan_video(SampledVideo(4, 30, 40, 8.0, 9, (0, 2, 5, 8)), {})
+    clip = _clips([4], [(30, 40)])
+    processed = ours.process_items({"video": clip}, {})
+    ids = [1, ours.video_token_id, 2]
+    planned = ours.assemble(ids, {"video": [plan]}, normalization=False)
+    assert planned.prompt_token_ids == ours.assemble(ids, processed).prompt_token_ids
+
+
+def test_vllm_default_loader_sampling() -> None:
+    """vLLM's default ``"opencv"`` loader (LLaVA-OneVision's): ``min(32, total)`` frames,
+    every one when that is all, else ``np.linspace(0, total - 1, n, dtype=int)`` (restated from
+    ``VideoBackend.compute_frames_index_to_sample`` with ``num_frames=32``, ``fps=-1``); the
+    metadata hashed names the ``"opencv"`` backend."""
+    assert video_loader("LlavaOnevisionVideoProcessor") == "opencv"
+    for total in (1, 2, 31, 32, 33, 34, 45, 77, 100, 1000, 54321):
+        n = min(32, total)
+        expected = list(range(total)) if n == total else [
+            int(v) for v in np.linspace(0, total - 1, n, dtype=int)
+        ]  # fmt: skip
+        info = VideoInfo(total, 24.0, 8, 8)
+        got = sample_indices_uniform(info)
+        assert got == expected and len(set(got)) == len(got), total
+        assert VllmDecoder(video_loader="opencv").sample_video(info) == got
+    # an estimated count above the frames a reader gets: the frames past them are skipped
+    info = VllmVideoInfo(40, 10.0, 8, 8, readable_frames=35)
+    assert sample_indices_uniform(info)[-1] < 35
+    meta = hash_metadata(VideoInfo(40, 10.0, 8, 8), [0, 39], "opencv")
+    assert meta["video_backend"] == "opencv" and meta["do_sample_frames"] is False
+
+
+@pytest.mark.anyio
+async def test_onevision_videos_through_the_engine() -> None:
+    """Two videos of different lengths and an image through the Engine equal ``apply`` (every
+    frame: HF's rule), the videos a list; cached; with vLLM's loader (:class:`VllmDecoder`) a
+    45-frame video gives 32 frames."""
+    from aiomm.cache.item_cache import CacheOutcome
+    from aiomm.config import DecodeConfig, EngineConfig
+    from aiomm.engine import Engine
+    from aiomm.media.video import decode_video
+    from aiomm.types import Request
+
+    videos = [make_video(frames_of(t, 40, 56, seed=t), rate=8) for t in (5, 9)]
+    image = frames_of(1, 40, 52, seed=5)[0]
+    config = EngineConfig(
+        device="cpu", visual_dtype="float32", transform_threads=2, cache_capacity_bytes=64 << 20
+    )
+    proc = build_processor(ONEVISION, hf_processor(ONEVISION, "torchvision"))
+    prompt = "<|im_start|>user <image><video><video>\nSay.<|im_end|>"
+    ids = proc.hf_processor.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    clips = [decode_video(v, lambda i: proc.sample_frames(i, {})) for v in videos]
+    out = proc.apply(ids, {"image": [image], "video": clips})
+    merged = out.merged_kwargs()
+    async with Engine(proc, config) as engine:
+        request = Request(prompt=prompt, images=[image], videos=videos)
+        first = await engine.process(request)
+        second = await engine.process(request)
+    for result in (first, second):
+        assert result.ok, result.error
+        assert result.prompt_token_ids == out.prompt_token_ids
+        assert result.mm_placeholders == out.mm_placeholders
+        got = result.mm_kwargs["pixel_values_videos"]
+        assert [v.shape[0] for v in got] == [5, 9]
+        for a, b in zip(got, merged["pixel_values_videos"], strict=True):
+            assert torch.equal(a.cpu(), b)
+    assert second.cache == [CacheOutcome.HIT] * 3
+    decoder = VllmDecoder(DecodeConfig(), video_loader="opencv")
+    long = make_video(frames_of(45, 24, 32, seed=3), rate=10)
+    async with Engine(proc, config, decoder=decoder) as engine:
+        result = await engine.process(Request(prompt="<video>", videos=[long]))
+    assert result.ok, result.error
+    assert result.mm_placeholders["video"][0].length == 196 * 32 + 1

@@ -31,12 +31,15 @@ EXPECTED = {
     "llama-nemotron-vl-rerank": "LlamaNemotronVLForSequenceClassification",
     "chameleon": "ChameleonForConditionalGeneration",
     "gemma3": "Gemma3ForConditionalGeneration",
+    "gemma4": "Gemma4ForConditionalGeneration",
     "llama4": "Llama4ForConditionalGeneration",
     "internvl": "InternVLForConditionalGeneration",
     "llava-next": "LlavaNextForConditionalGeneration",
     "llava-onevision": "LlavaOnevisionForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
+    "smolvlm": "SmolVLMForConditionalGeneration",
     "paddleocr-vl": "PaddleOCRVLForConditionalGeneration",
+    "deepseek-ocr-2": "DeepseekOCR2ForCausalLM",
 }
 
 
@@ -63,9 +66,12 @@ def test_device_normalize_defaults() -> None:
     defaults = {i.short_name: i.mm_device_do_normalize for i in supported_adapters()}
     assert defaults.pop("chameleon") is False
     assert defaults.pop("gemma3") is False  # vLLM's Gemma 3 takes normalised pixels
+    assert defaults.pop("gemma4") is False  # vLLM's Gemma 4 takes rescaled pixels
     assert defaults.pop("llama4") is False  # HF normalises in bfloat16, as vLLM sends it
     assert defaults.pop("idefics3") is False  # vLLM's Idefics3 takes normalised pixels
+    assert defaults.pop("smolvlm") is False  # vLLM's SmolVLM is its Idefics3
     assert defaults.pop("paddleocr-vl") is False  # vLLM's PaddleOCR-VL takes normalised pixels
+    assert defaults.pop("deepseek-ocr-2") is False  # vLLM's DeepSeek-OCR 2: normalised pixels
     # vLLM's models for these take normalised pixels (no mm_device_do_normalize)
     for name in ("internvl", "llava-next", "llava-onevision"):
         assert defaults.pop(name) is False, name

@@ -251,3 +251,29 @@ RECORDED_MODEL_PADDLEOCR_VL = "/tmp/vllm-probe/paddleocr-vl"
 live_server_paddleocr_vl = _registered_server(
     "live_server_paddleocr_vl", "paddleocr-vl", RECORDED_MODEL_PADDLEOCR_VL
 )
+
+
+#: the path the SmolVLM fixtures' vLLM server was given (``fixtures_smolvlm/``, recorded for
+#: ``aiomm serve smolvlm``'s folder)
+RECORDED_MODEL_SMOLVLM = "/tmp/vllm-probe/smolvlm"
+
+
+live_server_smolvlm = _registered_server("live_server_smolvlm", "smolvlm", RECORDED_MODEL_SMOLVLM)
+
+
+#: the path the Gemma 4 fixtures' vLLM server was given (``fixtures_gemma4/``, recorded for
+#: ``aiomm serve gemma4``'s folder)
+RECORDED_MODEL_GEMMA4 = "/tmp/vllm-probe/gemma4"
+
+
+live_server_gemma4 = _registered_server("live_server_gemma4", "gemma4", RECORDED_MODEL_GEMMA4)
+
+
+#: the path the DeepSeek-OCR 2 fixtures' vLLM server was given (``fixtures_deepseek_ocr2/``,
+#: recorded for ``aiomm serve deepseek-ocr-2``'s folder)
+RECORDED_MODEL_DEEPSEEK_OCR2 = "/tmp/vllm-probe/deepseek-ocr-2"
+
+
+live_server_deepseek_ocr2 = _registered_server(
+    "live_server_deepseek_ocr2", "deepseek-ocr-2", RECORDED_MODEL_DEEPSEEK_OCR2
+)

@@ -54,6 +54,22 @@ that folder started with ``--trust-request-mm-kwargs``.
 ``fixtures_paddleocr_vl/`` came on 2026-12-06 from a server for the
 ``write_model_folder("paddleocr-vl", ...)`` folder at ``/tmp/vllm-probe/paddleocr-vl``
 (``MM_CACHE_GB=0``, the default ``LIMIT_MM``; ``--digest``, except the cases without items).
+``fixtures_smolvlm/`` came on 2026-12-06 from a server for the ``write_model_folder("smolvlm",
+...)`` folder at ``/tmp/vllm-probe/smolvlm`` (``MM_CACHE_GB=0``, the default ``LIMIT_MM``,
+``--digest``): Idefics3's cases and ``video_short``, which vLLM refuses (SmolVLM takes no videos).
+``fixtures_llava_onevision/``'s ``video_*`` cases and ``error_bad_video`` came on 2026-12-06 from a
+server for the ``llava-onevision`` folder at ``/tmp/vllm-probe/llava-onevision``
+(``MM_CACHE_GB=0``, ``LIMIT_MM='{"image": 4, "video": 2}'``, ``--digest``).
+``fixtures_gemma4/`` came on 2026-12-06 from a server for the ``write_model_folder("gemma4",
+...)`` folder at ``/tmp/vllm-probe/gemma4`` (``MM_CACHE_GB=0``, the default ``LIMIT_MM``,
+``--digest``): Idefics3's image cases, ``chat_tiled_images``, ``chat_mm_none`` and the refused
+images.
+``fixtures_deepseek_ocr2/`` came on 2026-12-06 from a server for the
+``write_model_folder("deepseek-ocr-2", ...)`` folder at ``/tmp/vllm-probe/deepseek-ocr-2``
+(``MM_CACHE_GB=0``, the default ``LIMIT_MM``, ``--digest``): the image cases, ``chat_tiled_images``,
+``chat_mm_none`` and the refused images; its ``crop_modes/`` cases (their own bodies, with
+``mm_processor_kwargs``) from a second server for that folder started with
+``--trust-request-mm-kwargs``.
 The video cases need the server started with videos allowed
 (``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded frames, a
 few codecs and containers).

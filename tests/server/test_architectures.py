@@ -144,6 +144,8 @@ class Reference:
     def image_token_id(self) -> int:
         if getattr(self.info.processor_cls, "has_hf_transform", True):
             return int(self.processor.image_token_id)
+        if self.info.short_name == "deepseek-ocr-2":
+            return int(self.tokenizer.convert_tokens_to_ids("<image>"))
         return int(self.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"))
 
     def __call__(
@@ -156,6 +158,20 @@ class Reference:
         )
         # decoded as vLLM's loader does for RGB PNGs and JPEGs: plain RGB
         pil = [PIL.Image.open(io.BytesIO(d)).convert("RGB") for d in images]
+        if self.info.short_name == "deepseek-ocr-2":
+            # vLLM runs its own processor: the independent re-statement, each <image> repeated
+            from deepseek_ocr_reference import reference_outputs as deepseek_outputs
+
+            ref = deepseek_outputs(pil)
+            image_id = self.image_token_id()
+            counts, ids = iter(ref["tokens"]), []
+            for t in self.tokenizer.encode(text, add_special_tokens=False):
+                ids.extend([t] * next(counts) if t == image_id else [t])
+            return ids, {
+                "images_crop": ref["images_crop"],
+                "pixel_values": ref["float"] if normalized else ref["uint8"],
+                "images_spatial_crop": ref["images_spatial_crop"],
+            }
         if not getattr(self.info.processor_cls, "has_hf_transform", True):
             # Llama Nemotron VL: no transformers processor; the independent re-statement
             from nemotron_vl_reference import reference_outputs, reference_prompt
@@ -188,7 +204,7 @@ class Reference:
             # vLLM's count of each image and its pan-and-scan crops, which the processor drops
             crops = self.processor.image_processor(pil, **self.processor.images_kwargs)
             images_out["num_patches"] = torch.tensor([1 + n for n in crops["num_crops"]])
-        if type(self.processor).__name__ == "Idefics3Processor":
+        if type(self.processor).__name__ in ("Idefics3Processor", "SmolVLMProcessor"):
             # vLLM squeezes the one prompt's batch row and counts each image's sub-images
             count = self.processor.image_processor.get_number_of_image_patches
             for key in ("pixel_values", "pixel_attention_mask"):

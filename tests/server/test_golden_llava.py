@@ -1,6 +1,8 @@
 """``aiomm serve llava-next`` and ``aiomm serve llava-onevision`` against responses recorded from
 vLLM 0.33's render server for the same offline folders (``fixtures_llava_next/``,
 ``fixtures_llava_onevision/``; items kept as digests: each is megabytes of bfloat16 patches).
+OneVision's ``video_*`` cases add videos: vLLM's default loader's frames (32 at most),
+``pixel_values_videos`` ``[frames, 3, 384, 384]`` per video (batched, no field on the CPU).
 
 vLLM's LLaVA items are rows of HF's padded batch: ``pixel_values`` ``[most patches, 3, side,
 side]`` (normalised, in the model's dtype) with ``image_sizes`` kept on the CPU (``mm_metadata``);
@@ -10,7 +12,6 @@ aiomm's items hold their own patches and the server pads them per request, which
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -45,18 +46,46 @@ def test_llava_onevision_matches_vllm(live_server_llava_onevision: Any, name: st
     assert_matches_recorded(live_server_llava_onevision.url, _load("onevision", name), name)
 
 
-def test_onevision_videos_are_refused(live_server_llava_onevision: Any) -> None:
-    """vLLM's OneVision video loader is not reproduced: a ``video_url`` part is a 400 naming the
-    parameter (vLLM would render it), and images still render."""
-    case = _load("onevision", "chat_jpeg")
-    body = json.loads(json.dumps(case["body"]))
-    clip = "data:video/mp4;base64," + base64.b64encode(b"\0\0\0\x18ftypmp42").decode()
-    body["messages"][0]["content"].append({"type": "video_url", "video_url": {"url": clip}})
-    url = live_server_llava_onevision.url + case["path"]
-    refused = httpx.post(url, json=body, timeout=60)
+#: OneVision's video cases, and each video's frames as vLLM's default loader reads them (every
+#: frame up to 32, else 32 spread evenly): 196 tokens a frame and a newline
+_VIDEO_FRAMES = {
+    "video_short": [10],
+    "video_h264": [20],
+    "video_webm_vp9": [16],
+    "video_hashed_frames": [20],
+    "video_odd_frame_count": [32],  # 34 frames
+    "video_vfr_mp4": [32],  # 82 in the header, 80 presentable
+    "video_two": [12, 20],
+}
+
+
+def test_onevision_video_fixtures() -> None:
+    """The video cases: each ``<video>`` expanded to ``196 * frames + 1`` tokens, one item per
+    video (no field kept on the CPU, so no ``mm_metadata``); a video with an image is a 400 in
+    vLLM 0.33 (its images' ``mm_metadata`` and its videos' none disagree on the modalities)
+    unless the request asks for no payload; a corrupt video is a 400."""
+    for name, frames in _VIDEO_FRAMES.items():
+        features = _load("onevision", name)["response"]["features"]
+        lengths = [r["length"] for r in features["mm_placeholders"]["video"]]
+        assert lengths == [196 * t + 1 for t in frames], name
+        assert len(features["kwargs_data"]["video"]) == len(frames)
+        assert features["mm_metadata"] is None, name
+    both = _load("onevision", "video_and_image")
+    assert both["status"] == 400
+    assert "mm_metadata must use the same modalities" in both["response"]["error"]["message"]
+    none = _load("onevision", "video_mm_none")["response"]["features"]
+    assert set(none["mm_placeholders"]) == {"image", "video"} and none["kwargs_data"] is None
+    assert _load("onevision", "error_bad_video")["status"] == 400
+
+
+def test_onevision_video_with_media_io_kwargs_is_refused(live_server_llava_onevision: Any) -> None:
+    """vLLM would sample with a request's ``media_io_kwargs`` (another frame count): aiomm
+    refuses them (a 400 naming the parameter) rather than sample otherwise."""
+    case = _load("onevision", "video_short")
+    body = {**case["body"], "media_io_kwargs": {"video": {"num_frames": 4}}}
+    refused = httpx.post(live_server_llava_onevision.url + case["path"], json=body, timeout=60)
     assert refused.status_code == 400, refused.text
-    assert "video" in refused.json()["error"]["param"]
-    assert httpx.post(url, json=case["body"], timeout=120).status_code == 200
+    assert refused.json()["error"]["param"] == "media_io_kwargs"
 
 
 @pytest.mark.parametrize("family", ["next", "onevision"])

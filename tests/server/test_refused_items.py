@@ -28,8 +28,10 @@ from starlette.testclient import TestClient
 
 from aiomm.adapters import supported_adapters
 from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
+from aiomm.adapters.deepseek_ocr import DeepseekOCR2Processor
 from aiomm.adapters.folders import write_model_folder
 from aiomm.adapters.gemma import Gemma3MultiModalProcessor
+from aiomm.adapters.gemma4 import Gemma4MultiModalProcessor
 from aiomm.adapters.glm import Glm5NextMultiModalProcessor, GlmVMultiModalProcessor
 from aiomm.adapters.idefics3 import Idefics3MultiModalProcessor
 from aiomm.adapters.internvl import InternVLMultiModalProcessor
@@ -46,7 +48,8 @@ RENDER = "/v1/chat/completions/render"
 FIXTURE = Path(__file__).parent / "fixtures" / "error_image_aspect_ratio.json"
 #: processors that refuse none of the items below: their resize keeps any shape (Chameleon's
 #: shortest edge and crop, GLM-5-Next's padded canvas, Nemotron's tiles, Gemma 3's fixed square
-#: and crops) and they take no videos
+#: and crops, DeepSeek-OCR 2's padded global view) and take no videos, or resize frames to a
+#: fixed square (LLaVA-OneVision)
 ACCEPTING = (
     ChameleonMultiModalProcessor,
     Glm5NextMultiModalProcessor,
@@ -57,6 +60,8 @@ ACCEPTING = (
     LlavaOnevisionMultiModalProcessor,
     Llama4MultiModalProcessor,
     Idefics3MultiModalProcessor,
+    Gemma4MultiModalProcessor,  # any aspect ratio: a thin side becomes 48 px
+    DeepseekOCR2Processor,
 )
 
 

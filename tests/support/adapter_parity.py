@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import deepseek_ocr_reference as deepseek_ocr
 import nemotron_vl_reference as nemotron
 import numpy as np
 import parity
@@ -37,7 +38,9 @@ from parity import SEED, hf_processor, rel_err
 
 from aiomm.adapters import AdapterInfo, build_processor, get_adapter_info, supported_adapters
 from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
+from aiomm.adapters.deepseek_ocr import DeepseekOCR2Processor
 from aiomm.adapters.gemma import Gemma3MultiModalProcessor
+from aiomm.adapters.gemma4 import Gemma4MultiModalProcessor
 from aiomm.adapters.glm import GlmVMultiModalProcessor
 from aiomm.adapters.idefics3 import Idefics3MultiModalProcessor
 from aiomm.adapters.internvl import InternVLMultiModalProcessor
@@ -52,6 +55,7 @@ from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
 from aiomm.adapters.paddleocr_vl import PaddleOCRVLMultiModalProcessor
 from aiomm.adapters.qwen_vl import QwenVLProcessor
+from aiomm.adapters.smolvlm import SmolVLMMultiModalProcessor
 from aiomm.media.samples import photo_like
 from aiomm.processing.processor import MultiModalConfig
 
@@ -148,6 +152,31 @@ def _nemotron_reference(
     )
 
 
+def _deepseek_ocr_reference(
+    params: Any, text: str, images: list[Any], kwargs: dict[str, Any]
+) -> Reference:
+    """vLLM's DeepSeek-OCR 2 processing restated (``deepseek_ocr_reference``): the global views
+    as ``pixel_values``, the local views (normalised on the host) and grids as fields, each
+    ``<image>`` repeated to the image's token count."""
+    ref = deepseek_ocr.reference_outputs(images, **kwargs)
+    tok = params.tokenizer
+    image_id = tok.convert_tokens_to_ids("<image>")
+    ids, counts = [], iter(ref["tokens"])
+    for t in tok(text)["input_ids"]:
+        ids.extend([t] * next(counts) if t == image_id else [t])
+    return Reference(
+        input_ids=ids,
+        pixel_values_u8=ref["uint8"],
+        pixel_values=ref["float"],
+        fields={
+            "images_crop": ref["images_crop"],
+            "images_spatial_crop": ref["images_spatial_crop"],
+        },
+        range_tokens=frozenset({image_id}),
+        embed_token=image_id,
+    )
+
+
 def _inside_images(values: torch.Tensor, ref: Reference) -> torch.Tensor:
     """Each image's own ``image_sizes`` corner of a padded batch, flattened: the padding is 0.0
     in HF's float batch and ``-mean / std`` in ours, and the model crops it away."""
@@ -202,6 +231,17 @@ def _llama4_reference(proc: Any, text: str, images: list[Any], kwargs: dict[str,
     return dataclasses.replace(ref, fields=fields)
 
 
+def _gemma4_reference(proc: Any, text: str, images: list[Any], kwargs: dict[str, Any]) -> Reference:
+    """Gemma 4's processor call, its ``image_position_ids`` under vLLM's name."""
+    ref = _hf_reference(
+        [],
+        lambda p: [p.tokenizer.boi_token_id, p.image_token_id, p.tokenizer.eoi_token_id],
+        return_mm_token_type_ids=False,
+    )(proc, text, images, kwargs)
+    positions = proc.image_processor(images, **kwargs)["image_position_ids"]
+    return dataclasses.replace(ref, fields={"pixel_position_ids": torch.as_tensor(positions)})
+
+
 def _idefics3_reference(
     proc: Any, text: str, images: list[Any], kwargs: dict[str, Any]
 ) -> Reference:
@@ -214,6 +254,34 @@ def _idefics3_reference(
             p.fake_image_token_id,
             p.global_image_token_id,
             *p.row_col_ids,
+        ],
+    )(proc, text, images, kwargs)
+    count = proc.image_processor.get_number_of_image_patches
+    patches = [max(count(im.height, im.width, kwargs)[0], 1) for im in images]
+    return dataclasses.replace(
+        ref,
+        pixel_values_u8=ref.pixel_values_u8[0],
+        pixel_values=ref.pixel_values[0],
+        fields={
+            "pixel_attention_mask": ref.fields["pixel_attention_mask"][0].bool(),
+            "num_patches": torch.tensor(patches),
+        },
+    )
+
+
+def _smolvlm_reference(
+    proc: Any, text: str, images: list[Any], kwargs: dict[str, Any]
+) -> Reference:
+    """SmolVLM's processor call, taken as :func:`_idefics3_reference` takes Idefics3's (its
+    processor names the tokens around the images but not their ids)."""
+    ref = _hf_reference(
+        ["pixel_attention_mask"],
+        lambda p: [
+            p.image_token_id,
+            *p.tokenizer.convert_tokens_to_ids([p.fake_image_token, p.global_image_token]),
+            *p.tokenizer.convert_tokens_to_ids(
+                [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+            ),
         ],
     )(proc, text, images, kwargs)
     count = proc.image_processor.get_number_of_image_patches
@@ -297,6 +365,15 @@ FAMILIES: dict[type, Family] = {
         large_sizes=(*_LARGE, (3000, 800)),
         inside=_inside_patches(ONEVISION_PINPOINTS),
     ),
+    DeepseekOCR2Processor: Family(
+        reference=_deepseek_ocr_reference,
+        layout="NCHW",
+        # 768 multiples and around them: tiled or not, grid ties; odd widths centre by rounding
+        sizes=(*_SMALL, (768, 768), (769, 768), (768, 1536), (1025, 333), (20, 2000)),
+        large_sizes=(*_LARGE, (2339, 1654)),
+        random_side=1400,
+        backends=("pil",),  # no HF processor: one (PIL) transform
+    ),
     LlamaNemotronVLProcessor: Family(
         reference=_nemotron_reference,
         layout="NCHW",
@@ -327,6 +404,20 @@ FAMILIES: dict[type, Family] = {
         # 364 multiples: one sub-image, or a grid's edge
         sizes=(*_SMALL, (364, 364), (365, 364), (364, 1456), (1456, 1456), (20, 2000)),
         large_sizes=(*_LARGE, (2000, 600)),
+    ),
+    SmolVLMMultiModalProcessor: Family(
+        reference=_smolvlm_reference,
+        layout="NCHW",
+        # 384 multiples: one sub-image, or a grid's edge
+        sizes=(*_SMALL, (384, 384), (385, 384), (384, 1536), (1536, 1536), (20, 2000)),
+        large_sizes=(*_LARGE, (2000, 600)),
+    ),
+    Gemma4MultiModalProcessor: Family(
+        reference=_gemma4_reference,
+        layout="PATCHES",
+        # 48-pixel multiples (kept unresized), and thin images past the 280:1 side rule
+        sizes=(*_SMALL, (48, 48), (768, 816), (1, 5000), (6000, 2)),
+        large_sizes=_LARGE,
     ),
     InternVLMultiModalProcessor: Family(
         reference=_hf_reference(

@@ -58,5 +58,7 @@ def prompt_text(n_images: int, placeholder: str, *, start: str, end: str) -> str
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Norm-wise relative error of ``a`` against ``b``, in float64."""
+    if a.numel() == b.numel() == 0:  # e.g. DeepSeek-OCR 2's local views of untiled images
+        return 0.0
     a64, b64 = a.double(), b.double()
     return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
