@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from aiomm.adapters._params import resolve_params
-from aiomm.adapters.nemotron_vl import split_tiles
+from aiomm.adapters.nemotron_vl import count_ordered_grids, split_tiles
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessorKwargsError
@@ -170,19 +170,10 @@ def select_crop_grid(
     width: int, height: int, *, image_size: int, min_num: int, max_num: int
 ) -> tuple[int, int]:
     """The ``(cols, rows)`` grid of local views vLLM picks for a ``width x height`` image."""
-    # vLLM sorts a set by tile count only: building the set in the same order keeps its order
-    # among equal counts, which decides exact ties.
-    grids = {
-        (cols, rows)
-        for n in range(min_num, max_num + 1)
-        for cols in range(1, n + 1)
-        for rows in range(1, n + 1)
-        if min_num <= cols * rows <= max_num
-    }
     aspect = width / height
     area = width * height
     best, best_diff = (1, 1), float("inf")
-    for cols, rows in sorted(grids, key=lambda g: g[0] * g[1]):
+    for cols, rows in count_ordered_grids(min_num, max_num):
         diff = abs(aspect - cols / rows)
         if diff < best_diff:
             best, best_diff = (cols, rows), diff

@@ -29,6 +29,7 @@ differs only for non-RGB inputs such as palette or RGBA images).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -155,12 +156,12 @@ def build_reference(backend: str = "pil", **overrides: Any) -> NemotronVLReferen
     return NemotronVLReference(tokenizer=tokenizer, **overrides)
 
 
-def select_tile_grid(
-    width: int, height: int, *, image_size: int, min_num: int, max_num: int
-) -> tuple[int, int]:
-    """The ``(cols, rows)`` tile grid the reference picks for a ``width x height`` image."""
-    # The reference orders a set by tile count only; building the set in the same order keeps
-    # its order among equal counts, which decides exact ties.
+@functools.lru_cache(maxsize=16)
+def count_ordered_grids(min_num: int, max_num: int) -> tuple[tuple[int, int], ...]:
+    """Every ``(cols, rows)`` with ``min_num <= cols * rows <= max_num`` in the order the
+    InternVL-style references (Nemotron VL's, vLLM's DeepSeek-OCR) visit them: a set built over
+    ``n``, ``cols``, ``rows`` and sorted by tile count only, so among equal counts the set's own
+    order (which decides exact ties) is kept."""
     grids = {
         (cols, rows)
         for n in range(min_num, max_num + 1)
@@ -168,10 +169,17 @@ def select_tile_grid(
         for rows in range(1, n + 1)
         if min_num <= cols * rows <= max_num
     }
+    return tuple(sorted(grids, key=lambda g: g[0] * g[1]))
+
+
+def select_tile_grid(
+    width: int, height: int, *, image_size: int, min_num: int, max_num: int
+) -> tuple[int, int]:
+    """The ``(cols, rows)`` tile grid the reference picks for a ``width x height`` image."""
     aspect = width / height
     area = width * height
     best, best_score = (1, 1), float("-inf")
-    for cols, rows in sorted(grids, key=lambda g: g[0] * g[1]):
+    for cols, rows in count_ordered_grids(min_num, max_num):
         grid_aspect = cols / rows
         score = min((cols * rows * image_size * image_size) / area, _AREA_CAP) * min(
             grid_aspect / aspect, aspect / grid_aspect
