@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiomm.adapters._stored import STORE, build_store
-from aiomm.adapters.qwen_vl import QwenVLProcessor
 from aiomm.adapters.registry import get_adapter_info, supported_adapters
 
 __all__ = ("BACKENDS", "builders", "main", "stored_names")
@@ -19,8 +18,10 @@ BACKENDS = ("torchvision", "pil")
 
 
 def stored_names() -> tuple[str, ...]:
-    """The short names the store covers: the embedded default's family (Qwen-VL)."""
-    return tuple(i.short_name for i in supported_adapters() if i.processor_cls is QwenVLProcessor)
+    """The short names the store covers: every registered architecture (a snapshot holds its
+    processor's parameters, image and video processors, feature extractor and tokenizer, and
+    the references adapters take in an HF processor's place); none is left out."""
+    return tuple(info.short_name for info in supported_adapters())
 
 
 def builders() -> Iterable[tuple[str, Callable[[], Any]]]:

@@ -1,16 +1,18 @@
-"""DeepSeek-OCR 2 (images).
+"""DeepSeek-OCR and DeepSeek-OCR 2 (images).
 
 Reference: vLLM's ``DeepseekOCRProcessor`` (``vllm/transformers_utils/processors/deepseek_ocr.py``,
-vllm-project/vllm) as ``DeepseekOCR2ForCausalLM`` (``vllm/model_executor/models/deepseek_ocr2.py``)
-builds it: ``image_size=768``, ``base_size=1024``, crops on, 2..6 crops, ``strategy="v2"``. It
-restates the published preprocessing of ``deepseek-ai/DeepSeek-OCR-2``
-(``DeepSeek-OCR2-vllm/process/image_process.py``). transformers' ``DeepseekOcr2ImageProcessor``
-restates it too, but is not what vLLM runs and differs from it: it centres the padded global
-view with ``(side - w) // 2`` where Pillow's ``ImageOps.pad`` rounds half to even, and its
-torchvision backend resizes with torch's antialiased bicubic, not Pillow's. So, as for Llama
-Nemotron VL, :func:`build_reference` returns a :class:`DeepseekOCR2Reference` (the tokenizer,
-built in code with the model's special tokens, and the published parameters) and only the
-``native`` transform exists; it equals vLLM's processor bit for bit whatever the backend.
+vllm-project/vllm), which both models run with ``base_size=1024``, crops on and 2..6 crops:
+``DeepseekOCRForCausalLM`` (``vllm/model_executor/models/deepseek_ocr.py``, DeepSeek-OCR's
+"Gundam" mode) with ``image_size=640`` and ``strategy="v1"``, ``DeepseekOCR2ForCausalLM``
+(``deepseek_ocr2.py``) with ``image_size=768`` and ``strategy="v2"``. It restates the published
+preprocessing of ``deepseek-ai/DeepSeek-OCR`` and ``deepseek-ai/DeepSeek-OCR-2``
+(``process/image_process.py``). transformers' ``DeepseekOcr2ImageProcessor`` restates the second
+too, but is not what vLLM runs and differs from it: it centres the padded global view with
+``(side - w) // 2`` where Pillow's ``ImageOps.pad`` rounds half to even, and its torchvision
+backend resizes with torch's antialiased bicubic, not Pillow's. So, as for Llama Nemotron VL,
+:func:`build_reference` returns a :class:`DeepseekOCRReference` (the tokenizer, built in code with
+the model's special tokens, and the published parameters) and only the ``native`` transform
+exists; it equals vLLM's processor bit for bit whatever the backend.
 
 The transform, per image (RGB, uint8):
 
@@ -29,11 +31,15 @@ The transform, per image (RGB, uint8):
 Items (vLLM's fields): ``pixel_values`` the global view ``[3, base, base]`` (batched),
 ``images_crop`` the local views ``[n, 3, image_size, image_size]`` (flat; ``n = 0`` for an
 untiled image) and ``images_spatial_crop`` ``[cols, rows]`` (batched, kept on the CPU; ``[1, 1]``
-untiled). Each ``<image>`` becomes ``<image>`` x (256 + 1 + (12 cols) x (12 rows) when tiled),
-every token an embedding; vLLM counts them from the image size with the fixed parameters, whatever
-processor kwargs a trusting server (``--trust-request-mm-kwargs``) passed on, and so does this
-adapter. Those kwargs are ``crop_mode`` (False: DeepSeek-OCR's "Base"/"Large" modes, no crops),
-``base_size``, ``image_size`` and ``max_crops``.
+untiled). Each ``<image>`` becomes a run of ``<image>`` tokens, every one an embedding: with
+``q = ceil((side // 16) / 4)`` queries a side (16 for the global view, 10 or 12 for a local one),
+strategy v2 counts ``q * q`` for the global view, one separator and ``(rows q) x (cols q)`` for a
+tiled image's local views (256 + 1 + 144 cols rows); strategy v1 adds a newline query to every
+row of both (16 x 17 + 1 + (10 rows) x (10 cols + 1)). vLLM counts them from the image size
+with the fixed parameters, whatever processor kwargs a trusting server
+(``--trust-request-mm-kwargs``) passed on, and so does this adapter. Those kwargs are
+``crop_mode`` (False: DeepSeek-OCR's "Base"/"Large" modes, no crops), ``base_size``,
+``image_size`` and ``max_crops``.
 
 vLLM's model takes normalised pixels (no ``--mm-device-do-normalize``): the default keeps them
 on the host. With ``mm_device_do_normalize=True`` the global view stays uint8 for the device
@@ -43,6 +49,7 @@ stage and the local views are normalised here (the device stage normalises ``pix
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,9 +78,10 @@ from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate
 
 __all__ = (
     "DEEPSEEK_OCR_SPECIAL_TOKENS",
-    "DeepseekOCR2Processor",
-    "DeepseekOCR2Reference",
+    "DeepseekOCRProcessor",
+    "DeepseekOCRReference",
     "build_reference",
+    "build_reference_v1",
     "global_view_geometry",
     "num_image_tokens",
     "register_config",
@@ -88,13 +96,20 @@ DEEPSEEK_OCR_SPECIAL_TOKENS = (BOS, EOS, PAD, IMAGE_TOKEN)
 _KWARGS = frozenset({"crop_mode", "base_size", "image_size", "max_crops"})
 
 
+#: the parameters vLLM's ``DeepseekOCRProcessor`` takes per architecture (beyond the defaults)
+_ARCHITECTURE_PARAMS: dict[str, dict[str, Any]] = {
+    "DeepseekOCRForCausalLM": {"image_size": 640, "strategy": "v1"},
+    "DeepseekOCR2ForCausalLM": {},
+}
+
+
 @dataclass(frozen=True)
-class DeepseekOCR2Reference:
-    """The preprocessing parameters vLLM runs DeepSeek-OCR 2 with, and its tokenizer (no HF
-    processor: see the module docstring)."""
+class DeepseekOCRReference:
+    """The preprocessing parameters vLLM runs a DeepSeek-OCR model with, and its tokenizer (no
+    HF processor: see the module docstring). The defaults are DeepSeek-OCR 2's."""
 
     tokenizer: Any
-    #: the side of a local view (vLLM's ``IMAGE_SIZE`` for DeepSeek-OCR 2)
+    #: the side of a local view (vLLM's ``IMAGE_SIZE``: 640 for DeepSeek-OCR, 768 for OCR 2)
     image_size: int = 768
     #: the side of the global view
     base_size: int = 1024
@@ -103,6 +118,8 @@ class DeepseekOCR2Reference:
     max_crops: int = 6
     patch_size: int = 16
     downsample_ratio: int = 4
+    #: vLLM's token layout: "v1" (DeepSeek-OCR) ends every row of queries with a newline query
+    strategy: str = "v2"
     rescale_factor: float = 1 / 255
     image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -112,8 +129,9 @@ class DeepseekOCR2Reference:
         self.tokenizer.save_pretrained(str(path))
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **overrides: Any) -> DeepseekOCR2Reference:
-        """The folder's tokenizer with the published parameters; ``overrides`` win.
+    def from_pretrained(cls, path: str | Path, **overrides: Any) -> DeepseekOCRReference:
+        """The folder's tokenizer with the parameters vLLM gives the architecture its
+        ``config.json`` names (DeepSeek-OCR 2's without one); ``overrides`` win.
 
         :raises OSError: the folder has no tokenizer.
         """
@@ -121,7 +139,12 @@ class DeepseekOCR2Reference:
 
         register_config()
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        return cls(tokenizer=tokenizer, **overrides)
+        params: dict[str, Any] = {}
+        config = Path(path) / "config.json"
+        if config.is_file():
+            for name in json.loads(config.read_text()).get("architectures") or ():
+                params = _ARCHITECTURE_PARAMS.get(name, params)
+        return cls(tokenizer=tokenizer, **{**params, **overrides})
 
 
 @functools.cache
@@ -156,14 +179,22 @@ def register_config() -> None:
     AutoConfig.register("deepseek_vl_v2", DeepseekVLV2Config)
 
 
-def build_reference(backend: str = "pil", **overrides: Any) -> DeepseekOCR2Reference:
-    """The reference parameters with an offline tokenizer (one transform whatever ``backend``)."""
+def build_reference(backend: str = "pil", **overrides: Any) -> DeepseekOCRReference:
+    """DeepSeek-OCR 2's reference parameters with an offline tokenizer (one transform whatever
+    ``backend``); ``overrides`` win."""
     if backend not in ("pil", "torchvision"):
         raise ValueError(f"unknown backend {backend!r}")
     register_config()
     tokenizer = build_tokenizer(DEEPSEEK_OCR_SPECIAL_TOKENS, eos_token=EOS)
     tokenizer.bos_token, tokenizer.pad_token = BOS, PAD
-    return DeepseekOCR2Reference(tokenizer=tokenizer, **overrides)
+    return DeepseekOCRReference(tokenizer=tokenizer, **overrides)
+
+
+def build_reference_v1(backend: str = "pil", **overrides: Any) -> DeepseekOCRReference:
+    """DeepSeek-OCR's reference parameters (640-px local views, strategy v1) with an offline
+    tokenizer; ``overrides`` win."""
+    params = {**_ARCHITECTURE_PARAMS["DeepseekOCRForCausalLM"], **overrides}
+    return build_reference(backend, **params)
 
 
 def select_crop_grid(
@@ -196,18 +227,20 @@ def global_view_geometry(width: int, height: int, side: int) -> tuple[int, int, 
     return new_w, new_h, round((side - new_w) * 0.5), round((side - new_h) * 0.5)
 
 
-def num_image_tokens(width: int, height: int, ref: DeepseekOCR2Reference) -> int:
-    """vLLM's token count of a ``width x height`` image (``get_num_image_tokens``, strategy
-    v2): the global view's queries, one separator, the local views' queries."""
+def num_image_tokens(width: int, height: int, ref: DeepseekOCRReference) -> int:
+    """vLLM's token count of a ``width x height`` image (``get_num_image_tokens`` of the
+    reference's strategy): the global view's queries, one separator, the local views' queries;
+    strategy v1 adds a newline query to every row."""
     cols, rows = 1, 1
     if width > ref.image_size or height > ref.image_size:
         cols, rows = select_crop_grid(
             width, height, image_size=ref.image_size, min_num=ref.min_crops, max_num=ref.max_crops
         )
-    step = ref.patch_size * ref.downsample_ratio
-    base, local = math.ceil(ref.base_size / step), math.ceil(ref.image_size / step)
-    tiled = (rows * local) * (cols * local) if cols > 1 or rows > 1 else 0
-    return base * base + 1 + tiled
+    newline = int(ref.strategy == "v1")
+    base = math.ceil((ref.base_size // ref.patch_size) / ref.downsample_ratio)
+    local = math.ceil((ref.image_size // ref.patch_size) / ref.downsample_ratio)
+    tiled = (rows * local) * (cols * local + newline) if cols > 1 or rows > 1 else 0
+    return base * (base + newline) + 1 + tiled
 
 
 @dataclass(frozen=True)
@@ -223,32 +256,35 @@ class _CropParams:
 @register(
     Architecture(
         "deepseek-ocr-2", "DeepseekOCR2ForCausalLM", build_reference, "deepseek-ai/DeepSeek-OCR-2"
-    )
+    ),
+    Architecture(
+        "deepseek-ocr", "DeepseekOCRForCausalLM", build_reference_v1, "deepseek-ai/DeepSeek-OCR"
+    ),
 )
-class DeepseekOCR2Processor(BaseMultiModalProcessor):
-    """Processor of DeepSeek-OCR 2 (native transform only)."""
+class DeepseekOCRProcessor(BaseMultiModalProcessor):
+    """Processor of DeepSeek-OCR and DeepSeek-OCR 2 (native transform only)."""
 
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder({"image": IMAGE_TOKEN})
     default_device_normalize: ClassVar[bool] = False
     has_native: ClassVar[bool] = True
     has_hf_transform: ClassVar[bool] = False
 
-    def __init__(self, hf_processor: DeepseekOCR2Reference, **kwargs: Any) -> None:
+    def __init__(self, hf_processor: DeepseekOCRReference, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
         if self.transform != "native":
             raise ValueError(
-                "DeepSeek-OCR 2 has no HF processor to call; use transform='native' or 'auto'"
+                "DeepSeek-OCR has no HF processor to call; use transform='native' or 'auto'"
             )
         self.image_token_id = int(hf_processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
 
     @classmethod
-    def load_hf_processor(cls, path: str, **kwargs: Any) -> DeepseekOCR2Reference:
+    def load_hf_processor(cls, path: str, **kwargs: Any) -> DeepseekOCRReference:
         """The reference of a model folder (vLLM's processor is no transformers class):
-        :meth:`DeepseekOCR2Reference.from_pretrained`."""
-        return DeepseekOCR2Reference.from_pretrained(path, **kwargs)
+        :meth:`DeepseekOCRReference.from_pretrained`."""
+        return DeepseekOCRReference.from_pretrained(path, **kwargs)
 
     @property
-    def ref(self) -> DeepseekOCR2Reference:
+    def ref(self) -> DeepseekOCRReference:
         """The reference parameters (held as ``hf_processor``)."""
         return self.hf_processor
 

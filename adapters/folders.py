@@ -73,8 +73,8 @@ family's HF processor expands:
   images first (``<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>`` each), then the text and
   ``\\n``, ``Assistant: `` turns ending ``<|end_of_sentence|>`` (``PaddlePaddle/PaddleOCR-VL``).
 - SmolVLM: Idefics3's turns after ``<|im_start|>`` (``HuggingFaceTB/SmolVLM2-2.2B-Instruct``).
-- DeepSeek-OCR 2: the BOS, then every message's content without roles, an image as
-  ``<image>\\n`` (vLLM's ``template_deepseek_ocr.jinja``; the checkpoint ships none).
+- DeepSeek-OCR and DeepSeek-OCR 2: the BOS, then every message's content without roles, an
+  image as ``<image>\\n`` (vLLM's ``template_deepseek_ocr.jinja``; the checkpoints ship none).
 - Gemma 4: ``<bos>``, ``<|turn>role\\n...<turn|>\\n`` turns (the assistant is ``model``) with
   ``<|image|>`` per image (``google/gemma-4-E4B-it``).
 """
@@ -220,7 +220,7 @@ CHAT_TEMPLATES: dict[str, str] = {
     "NemotronVLReference": LLAMA3_VL_TEMPLATE,
     # vLLM's template_deepseek_ocr.jinja (DeepSeek-OCR's: the BOS, then every message's content,
     # no roles), an image part written "<image>\n" as vLLM's string content format places it
-    "DeepseekOCR2Reference": (
+    "DeepseekOCRReference": (
         "{{ bos_token }}{% for message in messages %}"
         "{% if message['content'] is string %}{{ message['content'] }}"
         "{% else %}{% for content in message['content'] %}"
@@ -253,7 +253,7 @@ CHAT_TEMPLATES: dict[str, str] = {
         "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
     ),
     # google/gemma-4-E4B-it's turns: <bos>, "<|turn>role\n" ... "<turn|>\n", the assistant is
-    # "model", text is trimmed, an image as <|image|>
+    # "model", text is trimmed, an image as <|image|>, a video as <|video|>
     "Gemma4Processor": (
         "{{ bos_token }}{% for message in messages %}"
         "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
@@ -261,6 +261,7 @@ CHAT_TEMPLATES: dict[str, str] = {
         "{% if message['content'] is string %}{{ message['content'] | trim }}"
         "{% else %}{% for item in message['content'] %}"
         "{% if item['type'] == 'image' %}{{ '<|image|>' }}"
+        "{% elif item['type'] == 'video' %}{{ '<|video|>' }}"
         "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
         "{% endif %}{{ '<turn|>\\n' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}"
@@ -298,6 +299,17 @@ CHAT_TEMPLATES: dict[str, str] = {
     ),
     "LlavaNextProcessor": LLAVA_NEXT_TEMPLATE,
     "LlavaOnevisionProcessor": LLAVA_ONEVISION_TEMPLATE,
+    # moonshotai/Kimi-K2.5's turns (<|im_role|>role<|im_middle|>...<|im_end|>), an image as
+    # <|media_begin|>image<|media_content|><|media_pad|><|media_end|> (vLLM's placeholder)
+    "Kimi_K25Processor": (
+        "{% for message in messages %}<|im_{{ message['role'] }}|>{{ message['role'] }}"
+        "<|im_middle|>{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for c in message['content'] %}{% if c['type'] == 'image' %}"
+        "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>"
+        "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "<|im_end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"
+    ),
     # PaddlePaddle/PaddleOCR-VL's template: a user turn's images come before its text
     "PaddleOCRVLProcessor": (
         "<|begin_of_sentence|>{% for message in messages %}"
@@ -317,6 +329,39 @@ CHAT_TEMPLATES: dict[str, str] = {
         "{{ content['text'] + '\\n' }}{% endif %}{% endfor %}{% endif %}"
         "{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}Assistant: {% endif %}"
+    ),
+    # Qwen/Qwen2-Audio-7B-Instruct's template
+    "Qwen2AudioProcessor": (
+        "{% set audio_count = namespace(value=0) %}{% for message in messages %}"
+        "{% if loop.first and message['role'] != 'system' %}"
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+        "{% else %}{% for content in message['content'] %}"
+        "{% if 'audio' in content or 'audio_url' in content or content['type'] == 'audio' %}"
+        "{% set audio_count.value = audio_count.value + 1 %}"
+        "Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+        "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}"
+        "<|im_end|>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    # Qwen/Qwen2.5-Omni-7B's template (its default system turn shortened)
+    "Qwen2_5OmniProcessor": (
+        "{% for message in messages %}"
+        "{% if loop.first and message['role'] != 'system' %}"
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+        "{% else %}{% for content in message['content'] %}"
+        "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+        "<|vision_bos|><|IMAGE|><|vision_eos|>"
+        "{% elif content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
+        "<|audio_bos|><|AUDIO|><|audio_eos|>"
+        "{% elif content['type'] == 'video' or 'video' in content or 'video_url' in content %}"
+        "<|vision_bos|><|VIDEO|><|vision_eos|>"
+        "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}"
+        "<|im_end|>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     ),
 }
 
@@ -708,6 +753,52 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {
         "language_config.bos_token_id": "<｜begin▁of▁sentence｜>",
         "language_config.eos_token_id": "<｜end▁of▁sentence｜>",
     }),
+    # deepseek-ai/DeepSeek-OCR: DeepSeek-OCR 2's structure; its projector maps the SAM and CLIP
+    # features (1024 + 1024) into the language model
+    "deepseek-ocr": ConfigSpec("deepseek_vl_v2", {
+        "candidate_resolutions": [[1024, 1024]], "global_view_pos": "head", "tile_tag": "2D",
+        "language_config": {
+            "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+            "vocab_size": 129280, "hidden_size": 1280, "intermediate_size": 6848,
+            "moe_intermediate_size": 896, "num_hidden_layers": 12, "num_attention_heads": 10,
+            "num_key_value_heads": 10, "n_routed_experts": 64, "n_shared_experts": 2,
+            "num_experts_per_tok": 6, "first_k_dense_replace": 1, "n_group": 1,
+            "topk_group": 1, "topk_method": "greedy", "kv_lora_rank": None,
+            "q_lora_rank": None, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0,
+            "v_head_dim": 0, "use_mla": False, "lm_head": True, "rm_head": False,
+            "torch_dtype": "bfloat16", "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        },
+        "projector_config": {
+            "model_type": "mlp_projector", "projector_type": "linear", "input_dim": 2048,
+            "n_embed": 1280,
+        },
+        "vision_config": {
+            "model_type": "vision", "model_name": "deeplip_b_l", "image_size": 1024,
+            "patch_size": 16,
+        },
+    }, {
+        "image_token_id": "<image>",  # as DeepSeek-OCR 2's (for aiomm's serve stand-in)
+        "language_config.bos_token_id": "<｜begin▁of▁sentence｜>",
+        "language_config.eos_token_id": "<｜end▁of▁sentence｜>",
+    }),
+    # moonshotai/Kimi-K2.5: images and videos as one "vision_chunk" modality in vLLM; a
+    # DeepSeek-V3 (MLA) language model
+    "kimi-k2.5": ConfigSpec("kimi_k25", {
+        "use_unified_vision_chunk": True,
+        "video_placeholder": "<|kimi_k25_video_placeholder|>",
+        "text_config": {
+            "model_type": "deepseek_v3", "vocab_size": 163840, "hidden_size": 7168,
+            "num_hidden_layers": 61,
+        },
+        "vision_config": {"model_type": "kimi_k25_vision"},
+    }, {
+        "image_token_id": "<|media_pad|>",
+        "video_token_id": "<|kimi_k25_video_placeholder|>",
+        "vision_start_token_id": "<|media_begin|>",
+        "vision_end_token_id": "<|media_end|>",
+        "text_config.bos_token_id": "[BOS]",
+        "text_config.eos_token_id": "[EOS]",
+    }),
     "paddleocr-vl": ConfigSpec("paddleocr_vl", {  # PaddlePaddle/PaddleOCR-VL
         "tie_word_embeddings": False,
         "text_config": {
@@ -761,6 +852,69 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {
         "text_config.eos_token_id": ("<eos>", "<turn|>"),
         "text_config.pad_token_id": "<pad>",
     }),
+    "qwen2-audio": ConfigSpec("qwen2_audio", {  # Qwen/Qwen2-Audio-7B-Instruct
+        "vocab_size": 156032,
+        "text_config": {
+            "model_type": "qwen2", "vocab_size": 156032, "hidden_size": 4096,
+            "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "rms_norm_eps": 1e-05,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "audio_config": {
+            "model_type": "qwen2_audio_encoder", "d_model": 1280, "encoder_layers": 32,
+            "encoder_attention_heads": 20, "encoder_ffn_dim": 5120, "num_mel_bins": 128,
+            "max_source_positions": 1500,
+        },
+    }, {
+        "audio_token_index": "<|AUDIO|>",
+        "text_config.bos_token_id": "<|endoftext|>",
+        "text_config.eos_token_id": "<|im_end|>",
+    }),
+    "qwen2.5-omni": ConfigSpec("qwen2_5_omni", {  # Qwen/Qwen2.5-Omni-7B (its thinker)
+        "enable_audio_output": False,
+        "thinker_config": {
+            "model_type": "qwen2_5_omni_thinker", "position_id_per_seconds": 25,
+            "seconds_per_chunk": 2,
+            "text_config": {
+                "model_type": "qwen2_5_omni_text", "vocab_size": 152064, "hidden_size": 3584,
+                "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+                "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+                "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                    "mrope_section": [16, 24, 24]},
+            },
+            "vision_config": {
+                "model_type": "qwen2_5_omni_vision_encoder", "depth": 32, "hidden_size": 1280,
+                "intermediate_size": 3420, "num_heads": 16, "in_channels": 3, "patch_size": 14,
+                "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+                "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31],
+                "tokens_per_second": 25,
+            },
+            "audio_config": {
+                "model_type": "qwen2_5_omni_audio_encoder", "d_model": 1280,
+                "encoder_layers": 32, "encoder_attention_heads": 20, "encoder_ffn_dim": 5120,
+                "num_mel_bins": 128, "max_source_positions": 1500, "n_window": 100,
+                "output_dim": 3584,
+            },
+        },
+    }, {
+        "thinker_config.audio_token_index": "<|AUDIO|>",
+        "thinker_config.image_token_index": "<|IMAGE|>",
+        "thinker_config.video_token_index": "<|VIDEO|>",
+        "thinker_config.audio_start_token_id": "<|audio_bos|>",
+        "thinker_config.audio_end_token_id": "<|audio_eos|>",
+        "thinker_config.vision_start_token_id": "<|vision_bos|>",
+        "thinker_config.vision_end_token_id": "<|vision_eos|>",
+        "thinker_config.text_config.bos_token_id": "<|endoftext|>",
+        "thinker_config.text_config.eos_token_id": "<|im_end|>",
+        "thinker_config.user_token_id": "user",
+        **{f"talker_config.{key}": token for key, token in (
+            ("audio_token_index", "<|AUDIO|>"), ("image_token_index", "<|IMAGE|>"),
+            ("video_token_index", "<|VIDEO|>"), ("audio_start_token_id", "<|audio_bos|>"),
+            ("audio_end_token_id", "<|audio_eos|>"), ("vision_start_token_id", "<|vision_bos|>"),
+            ("vision_end_token_id", "<|vision_eos|>"),
+        )},
+    }, also_architectures=("Qwen2_5OmniModel",)),
 }  # fmt: skip
 
 

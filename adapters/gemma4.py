@@ -1,4 +1,4 @@
-"""Gemma 4 (``Gemma4ForConditionalGeneration``), images.
+"""Gemma 4 (``Gemma4ForConditionalGeneration``), images and videos.
 
 Reference: transformers' ``Gemma4Processor`` with ``Gemma4ImageProcessor`` (torchvision backend)
 or ``Gemma4ImageProcessorPil`` (PIL backend), as ``google/gemma-4-E4B-it`` configures them:
@@ -22,17 +22,32 @@ tokens taking embeddings, with ``n`` counted as vLLM's processor counts it from 
 (``Gemma4ProcessingInfo._compute_num_soft_tokens``: equal to the patches the transform keeps,
 divided by 9).
 
-Videos and audio are not handled (refused as unsupported modalities).
+Videos, as vLLM 0.33's ``Gemma4MultiModalProcessor`` renders them (Gemma 4 has no video tower):
+every frame vLLM's loader hands over (its default ``"opencv"`` loader: 32 frames spread evenly,
+:func:`aiomm.vllm.video_media.sample_indices_uniform`) goes through the image transform above with
+``max_soft_tokens`` 70, whatever the request's. A video item holds its frames' patches and
+positions (``pixel_values_videos`` ``[frames, 630, 768]``, ``pixel_position_ids_videos``
+``[frames, 630, 2]``; flat fields, split by the videos' frame counts, as vLLM concatenates a
+request's videos), ``video_frame_counts`` (an int64 scalar), ``video_num_soft_tokens`` (a list,
+each frame's count) and ``video_timestamps`` (a list of seconds, ``index / fps`` with the source
+frame indices and rate, 24 fps when the rate is unknown); the last three batched, kept on the CPU.
+Each ``<|video|>`` becomes, per frame, the tokens of ``"mm:ss "`` (``" mm:ss "`` after the first
+frame; whole minutes and seconds, truncated) then ``<|image>`` + ``<|video|>`` x n + ``<image|>``,
+only the ``<|video|>`` tokens taking embeddings (vLLM's ``get_video_repl``).
+
+Audio is not handled (refused as an unsupported modality).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import PIL.Image
 import torch
 
 from aiomm.adapters._normalization import BackendNormalization
@@ -41,6 +56,7 @@ from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ProcessorKwargsError
 from aiomm.kernels import ChannelLayout
+from aiomm.media.video import SampledVideo, VideoClip, VideoInfo
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import FieldConfig, MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.image_ops import Backend, Resample, resize, to_rgb_array
@@ -55,9 +71,11 @@ from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate, Pro
 
 __all__ = (
     "SUPPORTED_SOFT_TOKENS",
+    "VIDEO_MAX_SOFT_TOKENS",
     "Gemma4MultiModalProcessor",
     "gemma4_num_soft_tokens",
     "gemma4_target_size",
+    "gemma4_timestamp",
 )
 
 IMAGE_TOKEN, BOI, EOI = "<|image|>", "<|image>", "<image|>"
@@ -70,6 +88,10 @@ GEMMA4_SPECIAL_TOKENS = (
 IMAGE_PLACEHOLDER = IMAGE_TOKEN
 #: the ``max_soft_tokens`` values the image processor (and vLLM's processor) accept
 SUPPORTED_SOFT_TOKENS = (70, 140, 280, 560, 1120)
+#: soft tokens per video frame at most (vLLM's ``_VIDEO_MAX_SOFT_TOKENS``, whatever the request's)
+VIDEO_MAX_SOFT_TOKENS = 70
+#: the frame rate vLLM assumes for a video whose metadata has none
+_DEFAULT_VIDEO_FPS = 24
 
 # Kwargs of Gemma4ImageProcessor the transform reads. patch_size and pooling_kernel_size are left
 # out: vLLM counts an image's tokens with the vision tower's, whatever a request says.
@@ -107,6 +129,22 @@ def gemma4_num_soft_tokens(
     target_w = max(unit, math.floor(width * scale / unit) * unit)
     patches = (target_h // patch_size) * (target_w // patch_size)
     return min(patches // pooling_kernel_size**2, max_soft_tokens)
+
+
+def gemma4_timestamp(seconds: float) -> str:
+    """A frame's ``mm:ss`` as vLLM's ``get_video_repl`` writes it (truncated, zero-padded)."""
+    return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
+
+
+def _clip_parts(video: Any) -> tuple[np.ndarray, list[float]]:
+    """A video item's ``T x H x W x 3`` frames and their timestamps (``index / fps`` as vLLM
+    computes them from the loader's metadata: every frame in order, 24 fps, when unknown)."""
+    if isinstance(video, VideoClip):
+        frames, fps, indices = video.frames, video.fps, video.frames_indices
+    else:
+        frames, fps, indices = np.asarray(video), None, ()
+    rate = fps or _DEFAULT_VIDEO_FPS
+    return frames, [i / rate for i in (indices or range(len(frames)))]
 
 
 # -------------------------------------------------------------------------- offline builder
@@ -189,12 +227,15 @@ class _TransformParams:
     )
 )
 class Gemma4MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
-    """Processor of Gemma 4 (``Gemma4Processor``), images."""
+    """Processor of Gemma 4 (``Gemma4Processor``), images and videos (each frame an image of
+    at most 70 soft tokens; module docstring). A video item is a
+    :class:`~aiomm.media.video.VideoClip` (or ``T x H x W x 3`` frames, 24 fps)."""
 
     pixel_layout: ClassVar[ChannelLayout] = ChannelLayout.PATCHES
 
+    supported_modalities: ClassVar[tuple[str, ...]] = ("image", "video")
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
-        {"image": IMAGE_PLACEHOLDER}
+        {"image": IMAGE_PLACEHOLDER, "video": VIDEO_TOKEN}
     )
     # vLLM's Gemma 4 takes the rescaled pixels (its model does not rescale on the device)
     default_device_normalize: ClassVar[bool] = False
@@ -207,6 +248,10 @@ class Gemma4MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         self.image_token_id = int(hf_processor.image_token_id)
         self.boi_token_id = int(vocab[hf_processor.boi_token])
         self.eoi_token_id = int(vocab[hf_processor.eoi_token])
+        self.video_token_id = int(hf_processor.video_token_id)
+        self.video_processor: Any = hf_processor.video_processor
+        #: the tokens of each timestamp text (``"mm:ss "``, ``" mm:ss "``), as encoded so far
+        self._timestamp_ids: dict[str, list[int]] = {}
 
     # kwargs ---------------------------------------------------------------------------------
 
@@ -288,12 +333,119 @@ class Gemma4MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     def _call_native_transform(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
         params = self._resolve_params(hf_kwargs)
         per_image = [self.transform_image(image, params) for image in hf_data.get("images", [])]
-        if not per_image:
-            return {}
+        out: dict[str, Any] = {}
+        if per_image:
+            out["pixel_values"] = torch.stack([pv for pv, _ in per_image])
+            out["pixel_position_ids"] = torch.stack([pos for _, pos in per_image])
+        if videos := hf_data.get("videos"):
+            frame_params = self._frame_params(params)
+            per_video = []
+            for video in videos:
+                frames, _ = _clip_parts(video)
+                per_frame = [self.transform_image(frame, frame_params) for frame in frames]
+                per_video.append(
+                    (
+                        torch.stack([pv for pv, _ in per_frame]),
+                        torch.stack([p for _, p in per_frame]),
+                    )
+                )
+            out.update(self._video_outputs(videos, per_video, frame_params))
+        return out
+
+    # videos -----------------------------------------------------------------------------------
+
+    def sample_frames(self, info: VideoInfo, hf_kwargs: Mapping[str, Any]) -> list[int]:
+        """Every frame of a video of ``info``: vLLM's processor takes every frame it is handed
+        (its render server samples them with its loader first, as :class:`VllmDecoder` does)."""
+        return list(range(info.total_num_frames))
+
+    def _frame_params(self, params: _TransformParams) -> _TransformParams:
+        """The image parameters of a video's frames: the request's, with vLLM's 70 soft tokens."""
+        return dataclasses.replace(params, max_soft_tokens=VIDEO_MAX_SOFT_TOKENS)
+
+    def _video_outputs(
+        self,
+        videos: Sequence[Any],
+        per_video: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        frame_params: _TransformParams,
+    ) -> dict[str, Any]:
+        """The video fields of ``videos`` from each one's frame patches and positions."""
+        counts, tokens, stamps = [], [], []
+        for video, (pixels, _) in zip(videos, per_video, strict=True):
+            frames, seconds = _clip_parts(video)
+            n = self.num_soft_tokens(frames.shape[1], frames.shape[2], frame_params)
+            counts.append(int(pixels.shape[0]))
+            tokens.append([n] * len(frames))
+            stamps.append(seconds)
         return {
-            "pixel_values": torch.stack([pv for pv, _ in per_image]),
-            "pixel_position_ids": torch.stack([pos for _, pos in per_image]),
+            "pixel_values_videos": torch.cat([pv for pv, _ in per_video]),
+            "pixel_position_ids_videos": torch.cat([pos for _, pos in per_video]),
+            "video_frame_counts": torch.tensor(counts, dtype=torch.long),
+            "video_num_soft_tokens": tokens,
+            "video_timestamps": stamps,
         }
+
+    def _call_hf_processor(self, hf_data: dict[str, Any], hf_kwargs: dict[str, Any]) -> Any:
+        """The HF processor called as vLLM calls it when a request has videos: its images in one
+        call, each video's frames in their own, as images of at most 70 soft tokens."""
+        videos = hf_data.get("videos")
+        if self.transform == "native" or not videos:
+            return super()._call_hf_processor(hf_data, hf_kwargs)
+        out: dict[str, Any] = {}
+        if images := hf_data.get("images"):
+            text = [IMAGE_PLACEHOLDER * len(images)]
+            done = super()._call_hf_processor({"text": text, "images": images}, hf_kwargs)
+            out.update(
+                pixel_values=done["pixel_values"], pixel_position_ids=done["image_position_ids"]
+            )
+        frame_kwargs = {**hf_kwargs, "max_soft_tokens": VIDEO_MAX_SOFT_TOKENS}
+        per_video = []
+        for video in videos:
+            frames, _ = _clip_parts(video)
+            # as vLLM hands them over: one image of each frame, each after a tab
+            images = [PIL.Image.fromarray(frame) for frame in frames]
+            one = {"text": [("\t" + IMAGE_TOKEN) * len(frames)], "images": images}
+            done = super()._call_hf_processor(one, frame_kwargs)
+            per_video.append((done["pixel_values"], done["image_position_ids"]))
+        out.update(
+            self._video_outputs(
+                videos, per_video, self._frame_params(self._resolve_params(hf_kwargs))
+            )
+        )
+        return out
+
+    def plan_video(self, video: SampledVideo, hf_kwargs: Mapping[str, Any]) -> MultiModalKwargsItem:
+        frame_params = self._frame_params(self._resolve_params(hf_kwargs))
+        n = self.num_soft_tokens(video.height, video.width, frame_params)
+        rate = video.fps or _DEFAULT_VIDEO_FPS
+        indices = video.frames_indices or range(video.num_frames)
+        return planned_item(
+            "video",
+            {
+                "video_num_soft_tokens": [n] * video.num_frames,
+                "video_timestamps": [i / rate for i in indices],
+            },
+        )
+
+    def video_tokens(
+        self, seconds: Sequence[float], soft_tokens: Sequence[int]
+    ) -> PromptUpdateDetails:
+        """The tokens of a video whose frames are at ``seconds`` with ``soft_tokens`` each
+        (vLLM's ``get_video_repl``)."""
+        ids: list[int] = []
+        for i, (t, n) in enumerate(zip(seconds, soft_tokens, strict=True)):
+            text = f" {gemma4_timestamp(t)} " if i else f"{gemma4_timestamp(t)} "
+            prefix = self._timestamp_ids.get(text)
+            if prefix is None:
+                tokenizer = self.hf_processor.tokenizer
+                prefix = self._timestamp_ids[text] = tokenizer.encode(
+                    text, add_special_tokens=False
+                )
+            ids += prefix
+            ids.append(self.boi_token_id)
+            ids += [self.video_token_id] * n
+            ids.append(self.eoi_token_id)
+        return PromptUpdateDetails.select_token_id(ids, self.video_token_id)
 
     def _postprocess_hf_mm_data(
         self, data: dict[str, Any], hf_kwargs: Mapping[str, Any]
@@ -303,8 +455,10 @@ class Gemma4MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         if "image_position_ids" in data:
             data["pixel_position_ids"] = data.pop("image_position_ids")
         data = super()._postprocess_hf_mm_data(data, hf_kwargs)
-        if "pixel_values" in data and self.device_normalize:
-            data["pixel_values"] = check_uint8_exact("pixel_values", data["pixel_values"])
+        if self.device_normalize:
+            for key in ("pixel_values", "pixel_values_videos"):
+                if key in data:
+                    data[key] = check_uint8_exact(key, data[key])
         return data
 
     def process_items(
@@ -334,10 +488,21 @@ class Gemma4MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
     def _get_mm_fields_config(
         self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
     ) -> dict[str, FieldConfig]:
-        return {
+        fields: dict[str, FieldConfig] = {
             "pixel_values": MultiModalFieldConfig.batched("image"),
             "pixel_position_ids": MultiModalFieldConfig.batched("image"),
         }
+        counts = outputs.get("video_frame_counts")
+        if counts is not None:
+            # a request's videos' frames in one batch, split by their frame counts (vLLM's)
+            fields.update(
+                pixel_values_videos=MultiModalFieldConfig.flat_from_sizes("video", counts),
+                pixel_position_ids_videos=MultiModalFieldConfig.flat_from_sizes("video", counts),
+                video_frame_counts=MultiModalFieldConfig.batched("video"),
+                video_num_soft_tokens=MultiModalFieldConfig.batched("video"),
+                video_timestamps=MultiModalFieldConfig.batched("video"),
+            )
+        return fields
 
     def image_tokens(self, num_soft_tokens: int) -> PromptUpdateDetails:
         """The tokens of an image of ``num_soft_tokens`` soft tokens."""
@@ -351,8 +516,18 @@ class Gemma4MultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         mm_kwargs: Mapping[str, list[MultiModalKwargsItem]],
     ) -> list[PromptUpdate]:
         items = mm_kwargs.get("image", [])
+        videos = mm_kwargs.get("video", [])
 
         def replacement(i: int) -> PromptUpdateDetails:
             return self.image_tokens(int(items[i].prompt_data["tokens"]))
 
-        return [PromptReplacement("image", [self.image_token_id], replacement)]
+        def video_replacement(i: int) -> PromptUpdateDetails:
+            # a processed item's fields, or a routing plan's prompt data
+            item = videos[i]
+            source = item.data if "video_timestamps" in item.data else item.prompt_data
+            return self.video_tokens(source["video_timestamps"], source["video_num_soft_tokens"])
+
+        return [
+            PromptReplacement("image", [self.image_token_id], replacement),
+            PromptReplacement("video", [self.video_token_id], video_replacement),
+        ]

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from aiomm.adapters._normalization import BackendNormalization
 from aiomm.adapters._params import resolve_params, size_edges
+from aiomm.adapters._stored import hf_class_name
 from aiomm.adapters._text_ids import TextIds
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.qwen_vl import (
@@ -400,7 +401,7 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
         self.whole_second_timestamps = False
         self.image_token_id: int = int(hf_processor.image_token_id)
         self.video_processor: Any = getattr(hf_processor, "video_processor", None)
-        sampling = _VIDEO_SAMPLING_KWARGS.get(type(hf_processor).__name__)
+        sampling = _VIDEO_SAMPLING_KWARGS.get(hf_class_name(hf_processor))
         self.supports_video = sampling is not None and self.video_processor is not None
         self._video_kwargs: frozenset[str] = sampling or frozenset()
         if self.supports_video:
@@ -432,7 +433,7 @@ class GlmVMultiModalProcessor(BackendNormalization, BaseMultiModalProcessor):
             return glm46v_sample_frame_indices(info, temporal_patch_size=vp.temporal_patch_size)
         fps = hf_kwargs.get("fps")
         fps = vp.fps if fps is None else fps
-        if type(self.hf_processor).__name__ == "Glm5NextProcessor":
+        if hf_class_name(self.hf_processor) == "Glm5NextProcessor":
             return glm5_next_sample_frame_indices(
                 info, fps=fps, max_duration=vp.max_duration, max_frames=vp.max_frames
             )

@@ -1,9 +1,11 @@
-"""``aiomm``: ``run`` streams images through the engine, writes JSON lines and prints a summary;
-``serve`` is vLLM's render API and an OpenAI gateway; ``standin`` a stand-in upstream engine.
+"""``aiomm``: ``run`` streams images (or audio clips, for a model that takes audio) through the
+engine, writes JSON lines and prints a summary; ``serve`` is vLLM's render API and an OpenAI
+gateway; ``standin`` a stand-in upstream engine.
 
 With no sources ``aiomm run`` runs on the embedded defaults: the Qwen2-VL adapter built offline
-and sample images generated into a temporary folder. Relative paths are taken from the working
-directory. This module imports nothing heavy (torch, numpy, the engine) until a command runs.
+and sample images (sample clips for an audio model) generated into a temporary folder. Relative
+paths are taken from the working directory. This module imports nothing heavy (torch, numpy,
+the engine) until a command runs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ("main",)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm"}
 DEFAULT_OUTPUT = Path("aiomm-results.jsonl")
 # A scheme needs two or more characters, so a Windows drive letter ("C:\\x") stays a path.
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
@@ -61,12 +64,12 @@ def _is_url(source: str) -> bool:
     return _SCHEME.match(source) is not None
 
 
-def _expand_sources(sources: Sequence[str]) -> list[str]:
+def _expand_sources(sources: Sequence[str], suffixes: set[str] = IMAGE_SUFFIXES) -> list[str]:
     out: list[str] = []
     for source in sources:
         path = Path(source)
         if not _is_url(source) and path.is_dir():
-            out.extend(str(p) for p in sorted(path.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES)
+            out.extend(str(p) for p in sorted(path.iterdir()) if p.suffix.lower() in suffixes)
         else:
             out.append(source)
     return out
@@ -88,19 +91,63 @@ def _shown(source: object) -> str:
 
 
 def _requests(
-    sources: list[str], per_request: int, repeats: int, placeholder: str
+    sources: list[str], per_request: int, repeats: int, placeholder: str, modality: str = "image"
 ) -> Iterator[Request]:
-    """Requests of ``per_request`` images each; ``placeholder`` is one image's placeholder text
-    as the adapter's chat template writes it."""
+    """Requests of ``per_request`` items of ``modality`` (``image`` or ``audio``) each;
+    ``placeholder`` is one item's placeholder text as the adapter's chat template writes it."""
     from aiomm.types import Request
 
     index = 0
     for _ in range(repeats):
         for start in range(0, len(sources), per_request):
-            images = sources[start : start + per_request]
-            text = " ".join(["describe the image", *[placeholder] * len(images), "please"])
-            yield Request(prompt=text, images=images, request_id=f"req-{index:05d}")
+            items = sources[start : start + per_request]
+            text = " ".join([f"describe the {modality}", *[placeholder] * len(items), "please"])
+            if modality == "audio":
+                yield Request(prompt=text, audios=items, request_id=f"req-{index:05d}")
+            else:
+                yield Request(prompt=text, images=items, request_id=f"req-{index:05d}")
             index += 1
+
+
+def _model_modality(model: str) -> str:
+    """``image`` when ``model`` (a registered name or a model folder) takes images, else
+    ``audio`` when it takes audio; ``image`` when that cannot be told."""
+    import json
+
+    from aiomm.adapters import get_adapter_info
+    from aiomm.errors import UnknownArchitectureError
+
+    name = model
+    config = Path(model) / "config.json"
+    if config.is_file():
+        try:
+            name = json.loads(config.read_text())["architectures"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return "image"
+    try:
+        modalities = get_adapter_info(name).processor_cls.supported_modalities
+    except UnknownArchitectureError:
+        return "image"
+    return "audio" if "image" not in modalities and "audio" in modalities else "image"
+
+
+def _write_audio_samples(folder: Path, count: int) -> list[Path]:
+    """``count`` sample clips (WAV, 0.5 to 4 s of tones at 16 to 44.1 kHz) in ``folder``."""
+    import importlib
+
+    import numpy as np
+
+    soundfile: Any = importlib.import_module("soundfile")  # the audio extra
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        rate = (16000, 22050, 44100)[i % 3]
+        t = np.arange(int(rate * (0.5 + 0.5 * (i % 8)))) / rate
+        tone = 0.4 * np.sin(2 * np.pi * (220 + 55 * i) * t) + 0.2 * np.sin(2 * np.pi * 880 * t)
+        path = folder / f"sample_{i:04d}.wav"
+        soundfile.write(path, tone.astype(np.float32), rate, subtype="PCM_16")
+        paths.append(path)
+    return paths
 
 
 def _add_fetch_flags(parser: argparse.ArgumentParser) -> None:
@@ -133,16 +180,23 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run",
-        help="stream images through the engine, write JSON lines, print a summary",
-        description="Stream images through the engine: one JSON line per request in --output, "
-        "then a summary. With no sources: sample images, each sent twice to show the cache.",
+        help="stream images (or audio) through the engine, write JSON lines, print a summary",
+        description="Stream images (or audio clips, for a model that takes audio) through the "
+        "engine: one JSON line per request in --output, then a summary. With no sources: "
+        "sample images (or clips), each sent twice to show the cache.",
         formatter_class=_HelpFormatter,
     )
     run.add_argument(
         "sources",
         nargs="*",
-        help="image files, folders or URLs; relative paths are taken from the working directory "
-        "(default: generated sample images)",
+        help="image (or audio) files, folders or URLs; relative paths are taken from the "
+        "working directory (default: generated samples)",
+    )
+    run.add_argument(
+        "--modality",
+        choices=["image", "audio"],
+        help="what the sources are (default: images, or audio for a model that takes audio "
+        "and no images)",
     )
     run.add_argument(
         "--model",
@@ -163,7 +217,14 @@ def _parser() -> argparse.ArgumentParser:
         help="JSON lines written, one per request, with its sources (default: "
         f"./{DEFAULT_OUTPUT} in the working directory)",
     )
-    run.add_argument("--images-per-request", type=int, default=1, help="images in each request")
+    run.add_argument(
+        "--images-per-request",
+        "--items-per-request",
+        dest="images_per_request",
+        type=int,
+        default=1,
+        help="images (or audio clips) in each request",
+    )
     run.add_argument("--repeats", type=int, default=1, help="pass over the sources N times")
     run.add_argument("--threads", type=int, help="transform threads (default: one per core)")
     run.add_argument("--max-in-flight", type=int, default=16, help="requests processed at once")
@@ -286,6 +347,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_fetch_flags(serve)
     serve.add_argument("--max-images", type=int, default=16, help="images per request")
     serve.add_argument("--max-videos", type=int, default=4, help="videos per request")
+    serve.add_argument("--max-audios", type=int, default=4, help="audio clips per request")
     serve.add_argument("--max-body-mb", type=int, default=64, help="largest request body, MiB")
     serve.add_argument(
         "--request-timeout", type=float, default=120.0, help="seconds a request may take"
@@ -366,19 +428,22 @@ def _run_command(args: argparse.Namespace) -> int:
     # each failed request is printed in the summary, its source named: no warning line for it
     configure_logging(level="ERROR")
     with tempfile.TemporaryDirectory(prefix="aiomm-run-") as tmp:
-        sources = _expand_sources(args.sources)
+        args.modality = args.modality or _model_modality(args.model)
+        audio = args.modality == "audio"
+        sources = _expand_sources(args.sources, AUDIO_SUFFIXES if audio else IMAGE_SUFFIXES)
         root: Path | None = args.allowed_root
         named: tuple[Path, ...] = ()
         note = None
         if not sources:
             from aiomm.media.samples import write_samples
 
-            sources = [str(p) for p in write_samples(Path(tmp) / "samples", args.samples)]
+            write = _write_audio_samples if audio else write_samples
+            sources = [str(p) for p in write(Path(tmp) / "samples", args.samples)]
             root = Path(tmp)
             # the embedded defaults show the cache at work: every image is seen twice
             args.repeats = max(args.repeats, 2)
             times = "twice" if args.repeats == 2 else f"{args.repeats} times"
-            note = f"each sample image is sent {times} to show the cache"
+            note = f"each sample {'clip' if audio else 'image'} is sent {times} to show the cache"
         elif root is None:
             # the working directory, and what the command line names: the user's own choice
             root = Path.cwd()
@@ -454,6 +519,7 @@ def _serve(args: argparse.Namespace) -> int:
         limits=RenderLimits(
             max_images=args.max_images,
             max_videos=args.max_videos,
+            max_audios=args.max_audios,
             timeout_s=args.request_timeout,
         ),
         allowed_local_media_path=args.allowed_local_media_path,
@@ -550,9 +616,12 @@ async def _run(
     engine = Engine.from_pretrained(args.model, config, backend=args.backend)
     # every built-in adapter has dummy inputs (one without fails here, as it always did)
     dummy_inputs: Any = engine.processor.dummy_inputs
-    placeholder = dummy_inputs.get_dummy_text({"image": 1})
-    requests = list(_requests(sources, args.images_per_request, args.repeats, placeholder))
-    sources_of = {str(r.request_id): [_shown(s) for s in r.images] for r in requests}
+    modality = args.modality
+    placeholder = dummy_inputs.get_dummy_text({modality: 1})
+    requests = list(
+        _requests(sources, args.images_per_request, args.repeats, placeholder, modality)
+    )
+    sources_of = {str(r.request_id): [_shown(s) for s in (*r.images, *r.audios)] for r in requests}
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -581,7 +650,7 @@ async def _run(
     if args.plan:
         made = ", ".join(f"{n} {how}" for how, n in engine.stats().plans.items() if n)
         facts.append(("routing plans", made or "none"))
-    _print_summary(results, elapsed, output, facts, note, sources_of)
+    _print_summary(results, elapsed, output, facts, note, sources_of, f"{modality}s")
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -609,6 +678,7 @@ def _print_summary(
     facts: list[tuple[str, str]],
     note: str | None,
     sources_of: dict[str, list[str]],
+    items_name: str = "images",
 ) -> None:
     from aiomm.engine._stats import percentile
 
@@ -624,9 +694,9 @@ def _print_summary(
     rows = [
         *facts,
         ("requests", f"{len(results)} ({len(results) - len(ok)} failed)"),
-        ("images", str(images)),
+        (items_name, str(images)),
         ("wall time", f"{elapsed:.2f} s"),
-        ("images/s", f"{images / elapsed:.1f}" if elapsed else "-"),
+        (f"{items_name}/s", f"{images / elapsed:.1f}" if elapsed else "-"),
         ("requests/s", f"{len(results) / elapsed:.1f}" if elapsed else "-"),
         ("latency p50", latency(50)),
         ("latency p99", latency(99)),

@@ -218,9 +218,10 @@ class DecodeConfig:
     """Limits of the decode stage.
 
     :raises ConfigError: ``max_pixels`` or ``max_pixels_per_byte`` not a positive integer or
-        None, ``pillow_blocks_kept`` < 0, ``max_video_frames`` or ``max_video_bytes`` not a
-        positive integer, ``formats`` not a tuple of format names, or ``fidelity`` not
-        ``exact`` or ``fast``.
+        None, ``pillow_blocks_kept`` < 0, ``max_video_frames``, ``max_video_bytes``,
+        ``max_audio_bytes`` or ``max_audio_decode_bytes`` not a positive integer,
+        ``max_audio_duration_s`` not positive, ``formats`` not a tuple of format names, or
+        ``fidelity`` not ``exact`` or ``fast``.
     """
 
     #: largest ``width * height`` decoded; larger images raise ImageTooLargeError unread.
@@ -252,6 +253,14 @@ class DecodeConfig:
     #: decoded bytes of a video's sampled frames at most (``frames * height * width * 3``);
     #: also bounded by ``EngineConfig.max_decoded_bytes_in_flight`` while being decoded
     max_video_bytes: int = 1 << 30
+    #: seconds of audio decoded at most (longer raise AudioTooLongError, from the header where
+    #: it tells); vLLM's ``VLLM_MAX_AUDIO_DECODE_DURATION_S``
+    max_audio_duration_s: float = 600.0
+    #: encoded bytes of one audio at most (``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB``, 25 MiB)
+    max_audio_bytes: int = 25 * 1024 * 1024
+    #: decoded PCM bytes of one audio at most, float32 at its native rate and channels
+    #: (``VLLM_MAX_AUDIO_DECODE_BYTES``, 256 MiB)
+    max_audio_decode_bytes: int = 268_435_456
 
     def resolved_max_pixels(self) -> int:
         """``max_pixels``, or :data:`DEFAULT_MAX_PIXELS` when None."""
@@ -263,6 +272,13 @@ class DecodeConfig:
         _check_int(self, "pillow_blocks_kept", minimum=0, optional=True)
         _check_int(self, "max_video_frames", minimum=1)
         _check_int(self, "max_video_bytes", minimum=1)
+        _check_int(self, "max_audio_bytes", minimum=1)
+        _check_int(self, "max_audio_decode_bytes", minimum=1)
+        duration = self.max_audio_duration_s
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or duration <= 0:
+            raise ConfigError(
+                f"DecodeConfig.max_audio_duration_s must be a positive number, got {duration!r}"
+            )
         formats = self.formats
         if isinstance(formats, str) or not all(isinstance(f, str) and f for f in formats):
             raise ConfigError(

@@ -21,25 +21,30 @@ __all__ = ("Request", "Result")
 
 @dataclass
 class Request:
-    """One prompt with its images and videos.
+    """One prompt with its images, videos and audios.
 
     An image is any of: encoded bytes, a file path, a ``data:`` URL, an ``http(s)://`` URL, a
     ``PIL.Image.Image``, or an ``H x W x C`` uint8 numpy array. A video is encoded bytes, a path
     or a URL as an image, or its frames in memory: a ``T x H x W x 3`` uint8 array or a list of
     frames (adapters that take videos: Qwen2-VL, Qwen2.5-VL). Frames are sampled as the HF video
     processor samples them, with the request's ``mm_processor_kwargs`` (``do_sample_frames``,
-    ``fps``, ``num_frames``); images come before videos in the request's items.
+    ``fps``, ``num_frames``). An audio is encoded bytes, a path or a URL as an image, or its
+    samples in memory: a ``(samples, sampling_rate)`` tuple of a 1-D (or ``channels x time``)
+    float array and its rate in Hz (adapters that take audio: Qwen2-Audio); it is decoded,
+    averaged to mono and resampled to the adapter's feature-extractor rate as vLLM's loader does.
+    A request's items are its images, then its videos, then its audios.
     Give ``prompt_token_ids`` (already tokenized, as serving stacks do) or ``prompt`` (text,
     tokenized with the adapter's tokenizer). ``image_hashes`` and ``video_hashes`` may carry
-    caller-supplied ids (OpenAI-style clients send them; None for an item without one): the item's
+    caller-supplied ids, and so may ``audio_hashes`` (OpenAI-style clients send them; None for an
+    item without one): the item's
     id in the result, and a cache hit then skips even the download. A supplied id is used only as
     a cache key, never for a security decision; its entries are kept apart from computed ids'
     entries and per ``tenant`` (an id the caller vouches for, e.g. the API key's owner), so one
     tenant cannot read or poison another's supplied-id entries.
 
     :raises InvalidRequestError: both or neither of ``prompt_token_ids`` and ``prompt``;
-        ``images`` or ``videos`` a single string or bytes; ``image_hashes`` not one per image,
-        ``video_hashes`` not one per video.
+        ``images``, ``videos`` or ``audios`` a single string or bytes; ``image_hashes``,
+        ``video_hashes`` or ``audio_hashes`` not one per item of its modality.
     """
 
     prompt_token_ids: Sequence[int] | None = None
@@ -51,6 +56,8 @@ class Request:
     tenant: str | None = None
     videos: Sequence[Any] = ()
     video_hashes: Sequence[str | None] | None = None
+    audios: Sequence[Any] = ()
+    audio_hashes: Sequence[str | None] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt is None):
@@ -59,7 +66,11 @@ class Request:
                 f"give exactly one of prompt_token_ids and prompt, got {given}",
                 request_id=self.request_id,
             )
-        for name, items in (("images", self.images), ("videos", self.videos)):
+        for name, items in (
+            ("images", self.images),
+            ("videos", self.videos),
+            ("audios", self.audios),
+        ):
             if isinstance(items, (str, bytes)):
                 # a lone URL or payload would otherwise be taken as a sequence of characters
                 raise InvalidRequestError(
@@ -70,6 +81,7 @@ class Request:
         for name, hashes, items in (
             ("image", self.image_hashes, self.images),
             ("video", self.video_hashes, self.videos),
+            ("audio", self.audio_hashes, self.audios),
         ):
             if hashes is not None and len(hashes) != len(items):
                 raise InvalidRequestError(

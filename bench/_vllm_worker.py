@@ -182,20 +182,30 @@ class _Rounds:
             processor = MULTIMODAL_REGISTRY.create_processor(config)
         tokenizer = processor.info.get_tokenizer()
 
+        # an audio architecture's items are clips (``"images"`` then names the clip files)
+        modality = job.get("modality", "image")
+        # a model taking images and videos as one modality (Kimi-K2.5): its chat parser's items
+        chunks = modality == "image" and "vision_chunk" in processor.info.supported_mm_limits
+        if chunks:
+            modality = "vision_chunk"
+
         def apply(prompt: str, images: list[Any]) -> Any:
             ids = tokenizer.encode(prompt, add_special_tokens=False)
+            if chunks:
+                images = [{"type": "image", "image": im, "uuid": None} for im in images]
             with set_default_torch_num_threads():
-                items = processor.info.parse_mm_data({"image": images})
+                items = processor.info.parse_mm_data({modality: images})
                 inputs = ProcessorInputs(ids, items, None, hf_processor_mm_kwargs={}, cache=None)
                 return processor.apply(inputs, TimingContext())
 
+        self.decode = _decode_audio if modality == "audio" else _decode
         self.apply = apply
         self.data = [Path(path).read_bytes() for path in job["images"]]
         self.requests: list[dict[str, Any]] = job["requests"]
         self.concurrency = int(job["concurrency"])
         self.pool = ThreadPoolExecutor(int(job["threads"]), thread_name_prefix="media")
         warm = self.requests[0]
-        result = apply(warm["prompt"], [_decode(self.data[k]) for k in warm["images"]])
+        result = apply(warm["prompt"], [self.decode(self.data[k]) for k in warm["images"]])
         mm_config = config.multimodal_config
         self.ready = {
             "status": "ready",
@@ -217,7 +227,10 @@ class _Rounds:
             async with gate:
                 loop = asyncio.get_running_loop()
                 images = await asyncio.gather(
-                    *(loop.run_in_executor(self.pool, _decode, self.data[k]) for k in req["images"])
+                    *(
+                        loop.run_in_executor(self.pool, self.decode, self.data[k])
+                        for k in req["images"]
+                    )
                 )
                 # on the event loop, as vLLM's renderer runs it
                 return len(self.apply(req["prompt"], list(images))["prompt_token_ids"])
@@ -247,11 +260,22 @@ def _decode(data: bytes) -> Any:
     return image.convert("RGB")
 
 
+def _decode_audio(data: bytes) -> Any:
+    """A clip as vLLM's render server loads it: ``(samples, rate)`` at its native rate (its data
+    parser resamples)."""
+    from vllm.multimodal.media.audio import AudioMediaIO
+
+    return AudioMediaIO().load_bytes(data)
+
+
 def _pixel_dtype(result: Any) -> str | None:
-    """The dtype of the first image's pixel tensor in a processor output (None: none)."""
-    for item in result["mm_kwargs"].get("image", [])[:1]:
+    """The dtype of the first item's pixel (or audio feature) tensor in a processor output
+    (None: none)."""
+    mm_kwargs = result["mm_kwargs"]
+    firsts = ("image", "vision_chunk", "audio")
+    for item in [item for m in firsts for item in mm_kwargs.get(m, [])[:1]]:
         for key, elem in item.items():
-            if key.startswith("pixel_values"):
+            if key.startswith(("pixel_values", "input_features")):
                 return str(elem.data.dtype).removeprefix("torch.")
     return None
 

@@ -24,6 +24,13 @@ that the load of other processes falls on every system alike:
   ``BaseMultiModalProcessor.apply`` on the event loop with the processor cache off and vLLM's
   default ``mm_device_do_normalize``, at most ``--concurrency`` requests in flight.
 
+An audio architecture (Qwen2-Audio) gets clips instead of images: 1-2 per request, 2 to 30 s, WAV
+(44.1 kHz stereo), MP3 (22.05 kHz) and FLAC (16 kHz); ``hf`` decodes them as vLLM's loader does
+(:func:`aiomm.media.audio.decode_audio`, equal to it sample for sample) and calls the processor
+with ``audio=``, ``sampling_rate`` and ``truncation=True`` as vLLM does; ``vllm`` loads them with
+its ``AudioMediaIO`` and resamples in its data parser. Its table counts clips where it says
+images.
+
 The prompt of a request is the family's chat template (``aiomm.adapters.folders.CHAT_TEMPLATES``)
 rendered by the processor's tokenizer, an image part and a word per image; a processor without
 one gets its ``image_token`` per image. Every system uses ``--threads`` threads: its torch intra-op
@@ -82,15 +89,21 @@ SIZES = ((320, 240), (640, 480), (1024, 768), (1280, 720), (1920, 1080))
 LARGE = (3840, 2160)
 TEXT = "describe the image"
 SYSTEMS = ("hf", "aiomm", "vllm")
+#: an audio architecture's clips: (soundfile format, subtype, rate, channels), and durations
+CLIP_FORMATS = (("WAV", "PCM_16", 44100, 2), ("MP3", "MPEG_LAYER_III", 22050, 1),
+                ("FLAC", "PCM_16", 16000, 1))  # fmt: skip
+CLIP_SECONDS = (2.0, 5.0, 10.0, 30.0)
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Encoded images and the requests that use them (indices into ``images``)."""
+    """Encoded images (or clips, ``modality="audio"``) and the requests that use them (indices
+    into ``images``)."""
 
     images: tuple[bytes, ...]
     sizes: tuple[tuple[int, int], ...]
     requests: tuple[tuple[int, ...], ...]
+    modality: str = "image"
 
     @property
     def image_count(self) -> int:
@@ -116,12 +129,54 @@ def make_workload(
     return Workload(images, tuple(drawn), requests)
 
 
+def make_audio_workload(n: int, seed: int) -> Workload:
+    """``n`` requests of 1-2 distinct clips of :data:`CLIP_FORMATS` and :data:`CLIP_SECONDS`
+    (``sizes``: each clip's milliseconds and rate)."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 3, size=n)
+    clips, sizes = [], []
+    for k in range(int(counts.sum())):
+        fmt, subtype, rate, channels = CLIP_FORMATS[k % len(CLIP_FORMATS)]
+        seconds = CLIP_SECONDS[int(rng.integers(len(CLIP_SECONDS)))]
+        clips.append(_clip(seconds, rate, channels, fmt, subtype, seed=k))
+        sizes.append((int(seconds * 1000), rate))
+    bounds = [int(b) for b in np.cumsum([0, *counts])]
+    requests = tuple(tuple(range(a, b)) for a, b in itertools.pairwise(bounds))
+    return Workload(tuple(clips), tuple(sizes), requests, modality="audio")
+
+
+def _clip(seconds: float, rate: int, channels: int, fmt: str, subtype: str, seed: int) -> bytes:
+    """A speech-like clip: a few harmonics under a syllable-rate envelope, a little noise."""
+    import soundfile
+
+    t = np.arange(round(seconds * rate)) / rate
+    noise = np.random.default_rng(seed).standard_normal((t.size, channels))
+    voice = sum(np.sin(2 * np.pi * (120 + 7 * seed) * k * t) / k for k in range(1, 6))
+    wave = 0.3 * (voice * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)))[:, None] + 0.01 * noise
+    buf = io.BytesIO()
+    soundfile.write(buf, wave.astype(np.float32), rate, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
 def warm_image() -> bytes:
     """A 128x96 JPEG for warm-up requests (not part of any measurement)."""
     return encode(photo_like(np.random.default_rng(7), 96, 128), "JPEG")
 
 
-def render_prompts(hf: Any, counts: Sequence[int]) -> dict[int, str]:
+def warm_item(modality: str) -> bytes:
+    """A warm-up item: :func:`warm_image`, or a second of audio."""
+    if modality == "audio":
+        return _clip(1.0, 16000, 1, "WAV", "PCM_16", seed=99)
+    return warm_image()
+
+
+def takes_audio_only(info: AdapterInfo) -> bool:
+    """Whether the architecture's requests carry clips (it takes audio and no images)."""
+    modalities = info.processor_cls.supported_modalities
+    return "image" not in modalities and "audio" in modalities
+
+
+def render_prompts(hf: Any, counts: Sequence[int], modality: str = "image") -> dict[int, str]:
     """The prompt of a request with ``k`` images, for each ``k`` in ``counts``: the family's chat
     template rendered by the processor's tokenizer, else its ``image_token`` per image. A word
     follows each image (Gemma 3 refuses adjacent images: their placeholders overlap).
@@ -136,7 +191,7 @@ def render_prompts(hf: Any, counts: Sequence[int]) -> dict[int, str]:
             parts = []
             for i in range(k):
                 words = TEXT if i == k - 1 else "and "
-                parts += [{"type": "image"}, {"type": "text", "text": words}]
+                parts += [{"type": modality}, {"type": "text", "text": words}]
             out[k] = tokenizer.apply_chat_template(
                 [{"role": "user", "content": parts}],
                 chat_template=template,
@@ -216,9 +271,23 @@ class HfSystem:
 
     def _one(self, request: tuple[int, ...]) -> tuple[int, str]:
         """One request (``(-1,)``: the warm-up image): its prompt tokens and pixel dtype."""
-        data = [warm_image() if k < 0 else self.wl.images[k] for k in request]
+        modality = self.wl.modality
+        data = [warm_item(modality) if k < 0 else self.wl.images[k] for k in request]
         proc = self._procs.get()
         try:
+            if modality == "audio":
+                from aiomm.media.audio import decode_audio
+
+                rate = proc.feature_extractor.sampling_rate
+                out = proc(
+                    text=[self.prompts[len(data)]],
+                    audio=[decode_audio(d, target_rate=rate) for d in data],
+                    sampling_rate=rate,
+                    truncation=True,  # as vLLM calls it
+                    return_tensors="pt",
+                    add_special_tokens=False,
+                )
+                return len(out["input_ids"][0]), _dtype(out["input_features"])
             images = [pil_rgb(d) for d in data]
             out = proc(
                 text=[self.prompts[len(images)]],
@@ -285,16 +354,22 @@ class AiommSystem:
         """Open ``engine``, warm it with one small request, then stream ``requests``: the clock
         before and after them (the warm-up left out), their prompt tokens, and the warm-up
         item's pixel dtype."""
-        small = warm_image()
+        small = warm_item(self.wl.modality)
+        field = "audios" if self.wl.modality == "audio" else "images"
 
         def request(index: int, images: tuple[int, ...]) -> Request:
             data = [small if k < 0 else self.wl.images[k] for k in images]
-            return Request(prompt=self.prompts[len(data)], images=data, request_id=f"r{index}")
+            prompt = self.prompts[len(data)]
+            return Request(prompt=prompt, request_id=f"r{index}", **{field: data})
 
         async with engine:
             warm = await engine.process(request(-1, (-1,)))
             dtype = next(
-                (_dtype(v) for k, v in warm.items[0].data.items() if k.startswith("pixel_values")),
+                (
+                    _dtype(v)
+                    for k, v in warm.items[0].data.items()
+                    if k.startswith(("pixel_values", "input_features"))
+                ),
                 None,
             )
             start = clock()
@@ -343,6 +418,7 @@ class VllmSystem:
             paths.append(str(path))
         self.job = {
             "model_dir": str(folder),
+            "modality": wl.modality,
             "images": paths,
             "requests": [{"prompt": prompts[len(r)], "images": list(r)} for r in wl.requests],
             "threads": threads,
@@ -466,7 +542,8 @@ def run_architecture(
     live: dict[str, System] = {}
     try:
         hf_reference = info.build_hf_processor(backend="torchvision")
-        prompts = render_prompts(hf_reference, sorted({len(r) for r in wl.requests} | {1}))
+        counts = sorted({len(r) for r in wl.requests} | {1})
+        prompts = render_prompts(hf_reference, counts, wl.modality)
         record["prompt_1_image"] = prompts[1]
         write_model_folder(name, folder)
     except Exception as exc:
@@ -685,6 +762,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     wl = make_workload(args.n, args.seed, args.sizes, args.large)
+    audio_wl = None
+    if any(takes_audio_only(get_adapter_info(name)) for name in args.models):
+        audio_wl = make_audio_workload(args.n, args.seed)
     report: dict[str, Any] = {
         "settings": {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -702,6 +782,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "seed": args.seed,
             "systems": args.systems,
             "vllm_venv": args.vllm_venv,
+            # (milliseconds, rate) of each clip of an audio architecture's workload
+            "audio_clips": None if audio_wl is None else [list(s) for s in audio_wl.sizes],
         },
         "architectures": {},
     }
@@ -709,9 +791,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for name in args.models:
             scratch = Path(tmp) / name
             scratch.mkdir()
-            record = run_architecture(name, wl, args, scratch)
+            own = audio_wl if takes_audio_only(get_adapter_info(name)) else wl
+            assert own is not None
+            record = run_architecture(name, own, args, scratch)
             report["architectures"][name] = record
-            table = table_lines(name, record, wl, args)
+            table = table_lines(name, record, own, args)
             print("\n".join(table) + "\n", flush=True)
             if args.json:  # after each architecture: a long run keeps what it measured
                 Path(args.json).write_text(json.dumps(report, indent=2, default=str))

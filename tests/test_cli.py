@@ -1,4 +1,5 @@
-"""``aiomm run`` for every registered architecture: the prompt comes from the adapter itself."""
+"""``aiomm run`` for every registered architecture: the prompt comes from the adapter itself
+(images for the architectures that take them, audio clips for an audio one)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,20 @@ def _restore_aiomm_logging() -> Iterator[None]:
             logger.removeHandler(handler)
 
 
+#: the architectures that take images, and those that take only audio
+IMAGE_MODELS = [
+    i.short_name for i in supported_adapters() if "image" in i.processor_cls.supported_modalities
+]
+AUDIO_MODELS = [i.short_name for i in supported_adapters() if i.short_name not in IMAGE_MODELS]
+
+
 def _photo(folder: Path) -> Path:
     image = folder / "photo.jpg"
     image.write_bytes(encode(photo_like(np.random.default_rng(0), 90, 120), "JPEG"))
     return image
 
 
-@pytest.mark.parametrize("name", [info.short_name for info in supported_adapters()])
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_run_an_image_with_every_model(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -50,7 +58,7 @@ def test_run_an_image_with_every_model(
     assert record["tensors"]["pixel_values"]["dtype"] == "bfloat16"
 
 
-@pytest.mark.parametrize("name", [info.short_name for info in supported_adapters()])
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_plan_an_image_with_every_model(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -67,6 +75,53 @@ def test_plan_an_image_with_every_model(
     assert planned["ok"] and planned["tensors"] == {}
     assert planned["num_tokens"] == full["num_tokens"]
     assert planned["placeholders"] == full["placeholders"]
+
+
+@pytest.mark.parametrize("name", AUDIO_MODELS)
+def test_run_and_plan_audio_with_every_audio_model(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from audio_samples import CASES
+    from audio_samples import encode as encode_audio
+
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    for case in (CASES[0], CASES[8], CASES[10]):  # WAV, FLAC, MP3
+        (folder / f"{case.name}.{case.fmt.lower()}").write_bytes(encode_audio(case))
+    (folder / "notes.txt").write_text("not audio: skipped")
+    rows = []
+    for plan in (False, True):
+        output = tmp_path / f"out-{plan}.jsonl"
+        argv = ["run", str(folder), "--model", name, "--no-progress", "--output", str(output)]
+        argv += ["--items-per-request", "2", "--allowed-root", str(tmp_path)]
+        code = main([*argv, *(["--plan"] if plan else [])])
+        printed = capsys.readouterr().out
+        assert code == 0, printed
+        assert "audios/s" in printed and "(0 failed)" in printed
+        rows.append([json.loads(line) for line in output.read_text().splitlines()])
+    full, planned = rows
+    assert [len(r["sources"]) for r in full] == [2, 1]
+    assert all(len(r["placeholders"]["audio"]) == len(r["sources"]) for r in full)
+    assert full[0]["tensors"]["input_features"]["dtype"] == "float32"
+    for f, p in zip(full, planned, strict=True):
+        assert p["tensors"] == {} and p["placeholders"] == f["placeholders"]
+
+
+@pytest.mark.parametrize("name", AUDIO_MODELS)
+def test_embedded_sample_clips_for_an_audio_model(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--model", name, "--samples", "3", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "each sample clip is sent twice" in printed
+    rows = [
+        json.loads(line) for line in (tmp_path / "aiomm-results.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 6 and all(r["ok"] and r["placeholders"]["audio"] for r in rows)
+    # the second pass is served by the cache (a hit, or joined while the first computes)
+    assert all(r["cache"][0] in ("hit", "joined") for r in rows[3:])
 
 
 def test_summary_of_failed_requests_prints_no_nan(
@@ -122,3 +177,20 @@ def test_a_bad_domain_is_one_line(argv: list[str], capsys: pytest.CaptureFixture
     captured = capsys.readouterr()
     assert len((captured.out + captured.err).strip().splitlines()) == 1
     assert "is not a host name" in captured.err
+
+
+def test_serve_passes_the_per_request_item_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiomm.server.serve as serve_module
+
+    seen: dict[str, object] = {}
+
+    def fake_serve(config: object, **kwargs: object) -> int:
+        seen["limits"] = config.limits  # type: ignore[attr-defined]
+        return 0
+
+    monkeypatch.setattr(serve_module, "serve", fake_serve)
+    monkeypatch.setattr("aiomm.logging.configure_logging", lambda **kwargs: None)
+    argv = ["serve", "qwen2-audio", "--max-images", "3", "--max-videos", "1", "--max-audios", "2"]
+    assert main(argv) == 0
+    limits = seen["limits"]
+    assert (limits.max_images, limits.max_videos, limits.max_audios) == (3, 1, 2)  # type: ignore[attr-defined]

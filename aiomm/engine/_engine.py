@@ -27,6 +27,7 @@ from aiomm.cache.item_cache import ItemCache, SecondTier
 from aiomm.cache.peer import PeerItemCache
 from aiomm.config import EngineConfig, Fidelity
 from aiomm.device.stage import DeviceStage, DeviceStageStatistics
+from aiomm.engine._audio import AudioLoader
 from aiomm.engine._byte_budget import ByteBudget, ByteBudgetStatistics
 from aiomm.engine._ids import random_hex
 from aiomm.engine._pipeline import Pipeline
@@ -102,6 +103,7 @@ class EngineStats:
     plans: dict[str, int] = field(default_factory=dict)
     #: seconds the transform threads spent running jobs, summed over threads, since the start
     transform_busy_seconds: float = 0.0
+    audios_processed: int = 0
 
 
 class Engine:
@@ -166,6 +168,15 @@ class Engine:
         #: requests admitted and not yet done (:meth:`_admitted`)
         self._in_pipeline = 0
         self._videos = 0
+        self._audios = 0
+        #: how audio items are decoded and resampled (None: the adapter takes no audio)
+        self._audio: AudioLoader | None = None
+        if "audio" in self.processor.supported_modalities:
+            self._audio = AudioLoader.of(
+                cfg.decode,
+                self.processor.audio_sampling_rate,
+                self.processor.audio_resample_method,
+            )
         self._budget = ByteBudget(cfg.max_decoded_bytes_in_flight)
         self.admission = AdmissionStage(
             cfg.max_in_flight, cfg.waiting_bound(), network_slots=cfg.network_slots()
@@ -281,6 +292,7 @@ class Engine:
                 max_video_frames=cfg.decode.max_video_frames,
                 max_video_bytes=cfg.decode.max_video_bytes,
                 hasher=self._hasher,
+                audio=self._audio,
             ),
             cache=CacheStage(
                 item_cache,
@@ -301,6 +313,7 @@ class Engine:
                     cfg.decode.max_video_frames, cfg.decode.max_video_bytes, self.max_pixels
                 ),
                 inline_bytes=cfg.hash_in_thread_bytes,
+                audio=self._audio,
             ),
             assemble=AssembleStage(self.processor),
             output=OutputStage(self.device),
@@ -441,6 +454,7 @@ class Engine:
         attributes = {
             "aiomm.images": len(request.images),
             "aiomm.videos": len(request.videos),
+            "aiomm.audios": len(request.audios),
             "aiomm.plan": plan,
         }
         with span("aiomm.request", attributes):
@@ -451,7 +465,7 @@ class Engine:
         t0, wall0 = time.perf_counter(), time.time_ns()
         timings: dict[str, float] = {}
         try:
-            sources = (*request.images, *request.videos)
+            sources = (*request.images, *request.videos, *request.audios)
             network = any(is_network(source) for source in sources)
             async with self.admission.admit(network=network):
                 timings["admission"] = time.perf_counter() - t0
@@ -480,6 +494,7 @@ class Engine:
         if not plan:
             self._images += len(request.images)
             self._videos += len(request.videos)
+            self._audios += len(request.audios)
         self._recorder.record_all(timings)
         if log.isEnabledFor(logging.DEBUG):  # the event's fields cost more than the check
             log.debug("request_done", request_id=rid, timings_ms=_ms(timings),
@@ -568,6 +583,7 @@ class Engine:
             requests_shed=requests.shed,
             images_processed=self._images,
             videos_processed=self._videos,
+            audios_processed=self._audios,
             bytes_to_device=self.device.bytes_moved,
             stages=self._recorder.snapshot(),
             queues=queues,

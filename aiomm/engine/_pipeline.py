@@ -1,10 +1,10 @@
 """The pipeline: composes the stages for one request (the only module that knows them all).
 
-``load -> hash -> cache (-> transform on a miss)`` runs per item (image or video), concurrently
-for a request's items; ``assemble -> output`` runs once per request. A routing plan runs ``load
--> hash -> cache (-> the transform stage's plan on a miss) -> assemble``: no pixels. Admission
-happens in the engine, before a request enters. Errors are typed and carry the request id (and
-the item index where one item failed); a request's other items are cancelled with it, other
+``load -> hash -> cache (-> transform on a miss)`` runs per item (image, video or audio),
+concurrently for a request's items; ``assemble -> output`` runs once per request. A routing plan
+runs ``load -> hash -> cache (-> the transform stage's plan on a miss) -> assemble``: no pixels.
+Admission happens in the engine, before a request enters. Errors are typed and carry the request id
+(and the item index where one item failed); a request's other items are cancelled with it, other
 requests go on."""
 
 from __future__ import annotations
@@ -105,17 +105,23 @@ class Pipeline:
         kwargs = dict(request.mm_processor_kwargs or {})
         self.transform.processor.validate_hf_kwargs(kwargs)
         videos = list(request.videos)
-        if videos and "video" not in self.transform.processor.supported_modalities:
-            raise UnknownModalityError("video", self.transform.processor.supported_modalities)
+        audios = list(request.audios)
+        supported = self.transform.processor.supported_modalities
+        for modality, given in (("image", request.images), ("video", videos), ("audio", audios)):
+            if given and modality not in supported:
+                raise UnknownModalityError(modality, supported)
         prompt_ids = self.assemble.prompt_ids(request)
         n_images = len(request.images)
-        # a request's items: its images, then its videos (``item_index`` counts across both)
-        sources = [*request.images, *videos]
+        # a request's items: its images, then its videos, then its audios (``item_index``
+        # counts across all three)
+        sources = [*request.images, *videos, *audios]
+        kinds = ["image"] * n_images + ["video"] * len(videos) + ["audio"] * len(audios)
         n = len(sources)
         trusted = self.cache.trust_supplied_hashes
         hashes: Sequence[str | None] = [
             *((trusted and request.image_hashes) or [None] * n_images),
             *((trusted and request.video_hashes) or [None] * len(videos)),
+            *((trusted and request.audio_hashes) or [None] * len(audios)),
         ]
         items = [_Item() for _ in range(n)]
         item_timings: list[dict[str, float]] = [{} for _ in range(n)]
@@ -123,7 +129,7 @@ class Pipeline:
         load_item = self._plan_item if plan else self._load_item
 
         async def one(i: int) -> None:
-            kind = "image" if i < n_images else "video"
+            kind = kinds[i]
             try:
                 await load_item(
                     kind, sources[i], hashes[i], request.tenant, kwargs, items[i], item_timings[i]
@@ -157,7 +163,8 @@ class Pipeline:
                 prompt_ids,
                 loaded[:n_images],  # type: ignore[arg-type]
                 kwargs,
-                videos=loaded[n_images:],  # type: ignore[arg-type]
+                videos=loaded[n_images : n_images + len(videos)],  # type: ignore[arg-type]
+                audios=loaded[n_images + len(videos) :],  # type: ignore[arg-type]
                 normalization=not plan,
             )
         timings["assemble"] = time.perf_counter() - t
@@ -270,10 +277,13 @@ class Pipeline:
             out.key = self._key(kind, out.id, kwargs)
             if self._planned_before(out):
                 return
-        make = self.transform.plan if kind == "image" else self.transform.plan_video
-        with span("aiomm.plan", {"aiomm.modality": kind}) as current:
-            item, how = await make(raw, kwargs, timings)
-            set_attribute(current, "aiomm.plan.source", how)
+        item: MultiModalKwargsItem | None = None
+        how = "processed"  # audio has no plan of its own: it is processed (and cached)
+        if kind != "audio":
+            make = self.transform.plan if kind == "image" else self.transform.plan_video
+            with span("aiomm.plan", {"aiomm.modality": kind}) as current:
+                item, how = await make(raw, kwargs, timings)
+                set_attribute(current, "aiomm.plan.source", how)
         if item is None:
 
             async def compute() -> MultiModalKwargsItem:
@@ -294,8 +304,9 @@ class Pipeline:
         supplied: bool = False,
         tenant: str | None = None,
     ) -> str:
-        """An item's cache key (:meth:`CacheStage.key`), a video's in a namespace of its own."""
-        namespace = "" if kind == "image" else "video:"
+        """An item's cache key (:meth:`CacheStage.key`), a video's and an audio's each in a
+        namespace of its own."""
+        namespace = "" if kind == "image" else f"{kind}:"
         return self.cache.key(namespace + item_id, kwargs, supplied=supplied, tenant=tenant)
 
     def _planned_before(self, out: _Item) -> bool:
@@ -313,6 +324,8 @@ class Pipeline:
         with span("aiomm.transform", {"aiomm.modality": kind}):
             if kind == "image":
                 return await self.transform.compute(raw, kwargs, timings)
+            if kind == "audio":
+                return await self.transform.compute_audio(raw, kwargs, timings)
             return await self.transform.compute_video(raw, kwargs, timings)
 
     async def _fetch(self, source: Any, timings: dict[str, float]) -> Any:
@@ -327,6 +340,8 @@ class Pipeline:
         with span("aiomm.hash"):
             if kind == "image":
                 raw, item_id = await self.hash.hash(raw)
+            elif kind == "audio":
+                raw, item_id = await self.hash.hash_audio(raw)
             else:
                 raw, item_id = await self.hash.hash_video(raw)
         timings["hash"] = time.perf_counter() - t

@@ -11,7 +11,8 @@ runs several batches of one actor at once on the same loop and engine.
 Output columns (one row per input row, schema fixed by the adapter, never by the data):
 
 - ``prompt_token_ids``: ``list<int64>``, placeholders expanded.
-- ``mm_placeholders``: a tensor ``[images, 2]`` of ``(offset, length)`` per image.
+- ``mm_placeholders``: a tensor ``[images, 2]`` of ``(offset, length)`` per image (per clip for
+  an audio adapter).
 - ``pixel_values``: a tensor, the request's rows in the model's layout: as the transform made
   them (uint8, not normalised, for adapters that normalise on the device) or, with
   ``normalize=True``, exactly what :meth:`Engine.process` returns (``bfloat16`` widened to
@@ -24,7 +25,11 @@ Output columns (one row per input row, schema fixed by the adapter, never by the
   JSON text (mm_hashes in vLLM's scheme for a server of that model id, placeholders, the items'
   msgpack payload); :func:`generate_request` turns a row into the body a
   ``vllm serve --tokens-only`` engine takes at ``/inference/v1/generate``. Needs the ``serve``
-  extra and encoded image bytes.
+  extra and encoded image bytes (an audio adapter's rows have no ``features``: refused).
+
+An audio adapter (Qwen2-Audio) takes each row's clips from ``audio_column`` instead (encoded
+bytes, a path or URL, or a list of those); its tensor columns are its features
+(``input_features``, ``feature_attention_mask``).
 
 Tensors are Ray's variable-shaped tensor extension type, so ``ds.write_parquet`` round-trips
 them; :class:`TorchCollate` turns batches into tensors for ``iter_torch_batches``. Needs the
@@ -60,6 +65,8 @@ log = get_logger(__name__)
 
 #: an image small enough to cost nothing, used once per actor to learn the adapter's outputs
 _PROBE = np.zeros((64, 64, 3), np.uint8)
+#: a clip as cheap, for an audio adapter (a tenth of a second at its rate)
+_PROBE_SECONDS = 0.1
 
 
 class ImagePreprocessor:
@@ -78,9 +85,9 @@ class ImagePreprocessor:
 
     :raises UnknownArchitectureError: ``model`` has no adapter.
     :raises ProcessorKwargsError: ``mm_processor_kwargs`` the processor does not take.
-    :raises ConfigError: a batch lacks the image column, has no prompt source, or lacks a
-        ``keep_columns`` column (a job-level mistake: the job stops); ``vllm_model_id`` with
-        ``normalize=True``.
+    :raises ConfigError: a batch lacks the image (or audio) column, has no prompt source, or
+        lacks a ``keep_columns`` column (a job-level mistake: the job stops); ``vllm_model_id``
+        with ``normalize=True`` or with an audio adapter.
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class ImagePreprocessor:
         keep_columns: Sequence[str] = (),
         backend: str = "torchvision",
         vllm_model_id: str | None = None,
+        audio_column: str = "audio",
     ) -> None:
         # set first: __del__ runs even when construction fails below
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -121,6 +129,13 @@ class ImagePreprocessor:
         self.mm_processor_kwargs = dict(mm_processor_kwargs or {})
         self.keep_columns = tuple(keep_columns)
         self.engine = Engine.from_pretrained(model, self.config, backend=backend)
+        modalities = self.engine.processor.supported_modalities
+        #: what a row's items are: images, or clips for an adapter that takes only audio
+        self.modality = "image" if "image" in modalities or "audio" not in modalities else "audio"
+        #: the column a row's items come from
+        self.item_column = image_column if self.modality == "image" else audio_column
+        if vllm_model_id is not None and self.modality == "audio":
+            raise ConfigError("vllm_model_id: GenerateRequest features are made for images only")
         self._tensor_columns = self._probe()
 
     def _probe(self) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
@@ -129,9 +144,14 @@ class ImagePreprocessor:
 
         :raises ProcessorKwargsError: ``mm_processor_kwargs`` the processor does not take.
         """
-        items = self.engine.processor.process_items({"image": [_PROBE]}, self.mm_processor_kwargs)
+        processor = self.engine.processor
+        probe: Any = _PROBE
+        if self.modality == "audio":
+            probe = np.zeros(int(processor.audio_sampling_rate * _PROBE_SECONDS), np.float32)
+        modality = self.modality
+        items = processor.process_items({modality: [probe]}, self.mm_processor_kwargs)
         columns = {}
-        for key, value in merge_items(items["image"]).items():
+        for key, value in merge_items(items[modality]).items():
             if not isinstance(value, torch.Tensor):
                 continue
             dtype = value.dtype
@@ -263,7 +283,7 @@ class ImagePreprocessor:
         return result, orjson.dumps(features).decode()
 
     def _check_columns(self, columns: Mapping[str, Any]) -> None:
-        missing = [c for c in (self.image_column, *self.keep_columns) if c not in columns]
+        missing = [c for c in (self.item_column, *self.keep_columns) if c not in columns]
         if self.prompt is None and not (
             self.prompt_column in columns or self.prompt_token_ids_column in columns
         ):
@@ -275,20 +295,23 @@ class ImagePreprocessor:
             )
 
     def _request(self, columns: Mapping[str, Any], i: int) -> Request:
-        images = _images(columns[self.image_column][i])
+        value = columns[self.item_column][i]
+        items: dict[str, Any] = (
+            {"images": _images(value)} if self.modality == "image" else {"audios": _audios(value)}
+        )
         ids = columns.get(self.prompt_token_ids_column)
         if ids is not None and not _is_null(ids[i]):
             return Request(
                 prompt_token_ids=[int(t) for t in ids[i]],
-                images=images,
                 mm_processor_kwargs=self.mm_processor_kwargs or None,
+                **items,
             )
         text = columns.get(self.prompt_column)
         prompt = self.prompt if text is None or _is_null(text[i]) else text[i]
         return Request(
             prompt=None if prompt is None else str(prompt),
-            images=images,
             mm_processor_kwargs=self.mm_processor_kwargs or None,
+            **items,
         )
 
     def _table(
@@ -305,7 +328,7 @@ class ImagePreprocessor:
         out["mm_placeholders"] = _tensors(
             [
                 np.array(
-                    [(p.offset, p.length) for p in r.mm_placeholders.get("image", [])],
+                    [(p.offset, p.length) for p in r.mm_placeholders.get(self.modality, [])],
                     np.int64,
                 ).reshape(-1, 2)
                 if r is not None
@@ -430,6 +453,19 @@ def _images(value: Any) -> list[Any]:
             f"an image array must be H x W x C (or a stack of them), got shape {value.shape}"
         )
     if isinstance(value, (list, tuple)):
+        return [_image(v) for v in value]
+    return [value]
+
+
+def _audios(value: Any) -> list[Any]:
+    """A row's audio value as a list of audio sources (encoded bytes, paths or URLs)."""
+    if _is_null(value):
+        return []
+    if isinstance(value, (bytes, str, Path)):
+        return [value]
+    if isinstance(value, np.ndarray) and value.dtype.kind == "S":
+        return [bytes(v) for v in value.reshape(-1)]
+    if isinstance(value, (list, tuple, np.ndarray)):
         return [_image(v) for v in value]
     return [value]
 

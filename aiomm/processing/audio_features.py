@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +45,17 @@ class WhisperFeatureConfig:
     hop_length: int = 160
     chunk_length: int = 30
     n_fft: int = 400
+
+    @classmethod
+    def of(cls, extractor: Any) -> WhisperFeatureConfig:
+        """The parameters of a HF ``WhisperFeatureExtractor`` (or its stored snapshot)."""
+        return cls(
+            feature_size=int(extractor.feature_size),
+            sampling_rate=int(extractor.sampling_rate),
+            hop_length=int(extractor.hop_length),
+            chunk_length=int(extractor.chunk_length),
+            n_fft=int(extractor.n_fft),
+        )
 
     @property
     def n_samples(self) -> int:

@@ -161,6 +161,10 @@ class BaseMultiModalProcessor:
     supports_device_resize: ClassVar[bool] = False
     #: where the native transform resizes (None: on the CPU); set by the engine
     resize_device: torch.device | None = None
+    #: audio adapters: the rate (Hz) their feature extractor takes, and vLLM's resampling
+    #: method to it (:data:`aiomm.media.audio.RESAMPLE_METHODS`)
+    audio_sampling_rate: int = 16000
+    audio_resample_method: ClassVar[str] = "torchaudio"
 
     def __init__(self, hf_processor: Any, *, config: MultiModalConfig | None = None) -> None:
         self.hf_processor = hf_processor

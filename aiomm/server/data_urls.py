@@ -135,7 +135,7 @@ def attach(parsed: Parsed, lifted: LiftedDataUrls) -> Parsed | None:
             out.append(part)
         return out
 
-    images, videos = resolved(parsed.images), resolved(parsed.videos)
-    if images is None or videos is None or len(seen) != len(lifted.payloads):
+    images, videos, audios = (resolved(p) for p in (parsed.images, parsed.videos, parsed.audios))
+    if images is None or videos is None or audios is None or len(seen) != len(lifted.payloads):
         return None
-    return dataclasses.replace(parsed, images=images, videos=videos)
+    return dataclasses.replace(parsed, images=images, videos=videos, audios=audios)

@@ -1,10 +1,11 @@
 """The render service: a parsed request -> vLLM's ``GenerateRequest`` JSON object.
 
-The engine (:func:`render_engine`) fetches the images and videos (``data:`` URLs decoded,
-``http(s)`` through the SSRF-guarded fetcher, ``file:`` under the allowed root), identifies them
-by vLLM's mm_hash (:class:`~aiomm.vllm.media.VllmHasher`) and processes them (images decoded
-with vLLM's rule, videos probed and sampled as vLLM's loader does:
-:class:`~aiomm.vllm.media.VllmDecoder`); the service renders the prompt around them and writes
+The engine (:func:`render_engine`) fetches the images, videos and audio clips (``data:`` URLs
+decoded, ``http(s)`` through the SSRF-guarded fetcher, ``file:`` under the allowed root),
+identifies them by vLLM's mm_hash (:class:`~aiomm.vllm.media.VllmHasher`) and processes them
+(images decoded with vLLM's rule, videos probed and sampled as vLLM's loader does:
+:class:`~aiomm.vllm.media.VllmDecoder`, audio decoded and resampled as vLLM's audio loader
+and data parser do); the service renders the prompt around them and writes
 the result as vLLM writes it (:mod:`aiomm.vllm.generate_request`). A client ``uuid`` is the
 item's mm_hash and its cache key, as in vLLM.
 """
@@ -12,6 +13,7 @@ item's mm_hash and its cache key, as in vLLM.
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,18 +30,21 @@ from aiomm.engine._worker_pool import WorkerPool
 from aiomm.errors import (
     AiommError,
     ItemCountMismatchError,
+    ProcessingError,
 )
 from aiomm.tracing import span
 from aiomm.types import Request
 from aiomm.vllm.chat_template import ChatRenderer
-from aiomm.vllm.content import ImagePart, Parsed, media_url
+from aiomm.vllm.content import Parsed, media_url
 from aiomm.vllm.errors import ApiError, from_aiomm_error
 from aiomm.vllm.generate_request import (
     WireForm,
+    counter_ids,
     encode_items,
     generate_request,
     generate_request_features,
     place_payload,
+    rename_modalities,
 )
 from aiomm.vllm.media import VllmDecoder, VllmHasher
 from aiomm.vllm.request_fields import own_fields, refuse_nulls
@@ -78,6 +83,8 @@ class RenderLimits:
     max_videos: int = 4
     #: encoded bytes of one video at most (the fetcher's ``max_bytes`` applies first)
     max_video_bytes: int = 64 << 20
+    #: audio clips per request (vLLM's ``--limit-mm-per-prompt`` for audio, in its words)
+    max_audios: int = 4
 
 
 def vllm_video_loader(processor: Any) -> str | None:
@@ -103,11 +110,24 @@ def render_engine(
         video_loader=vllm_video_loader(base.processor) or "qwen2_vl",
     )
     hasher = VllmHasher(
-        model_id, decoder, max_video_bytes=(limits or RenderLimits()).max_video_bytes
+        model_id,
+        decoder,
+        max_video_bytes=(limits or RenderLimits()).max_video_bytes,
+        audio_sampling_rate=base.processor.audio_sampling_rate,
+        # (a server that names items by request counts needs no pixel hash)
+        vision_chunk=getattr(base.processor, "wire_modality", None) == "vision_chunk"
+        and not counts_requests(base.processor, config),
     )
     return Engine(
         base.processor, config, adapter_id=base.adapter_id, decoder=decoder, hasher=hasher
     )
+
+
+def counts_requests(processor: Any, config: EngineConfig) -> bool:
+    """Whether vLLM's render server names ``processor``'s items by request counts, not content
+    hashes: its CPU render server turns prefix caching off for an MLA text model (Kimi-K2.5's)
+    and, with the processor cache off too (``config``'s item cache), hashes nothing."""
+    return bool(getattr(processor, "mla_text_model", False)) and config.cache_capacity_bytes == 0
 
 
 @dataclass
@@ -168,6 +188,11 @@ class RenderService:
         # queue and condition) took 5% of the event loop's busy time under the render benchmark
         self.encode_pool = WorkerPool(encode_threads or available_cores(), "aiomm-encode")
         self.encode_on_send = encode_on_send
+        #: vLLM's count of multimodal requests where it names items by it (counts_requests;
+        #: None: content hashes)
+        self.mm_requests = (
+            itertools.count(1) if counts_requests(engine.processor, engine.config) else None
+        )
 
     async def aclose(self) -> None:
         """End the encode threads (after the items being written)."""
@@ -234,10 +259,13 @@ class RenderService:
                 "media_io_kwargs is not supported: videos are sampled with vLLM's defaults",
                 param="media_io_kwargs",
             )
+        self._check_modalities(parsed)
+        # vLLM 0.33 answers a vision_chunk model's (Kimi-K2.5's) video with a 500 (it hands the
+        # video on undivided); a client's part the model cannot take is a 400 here, as for others
         if parsed.videos and not self.takes_videos:
             raise ApiError(
                 "this model's videos are not supported (video_url parts are rendered for "
-                "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and GLM-OCR)",
+                "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, GLM-OCR, LLaVA-OneVision and Gemma 4)",
                 param="video_url",
             )
         most = VIDEOS_PER_PROMPT.get(self.video_loader)
@@ -301,7 +329,7 @@ class RenderService:
         features = None
         cache_hits = 0
         timings: dict[str, float] = {}
-        if parsed.images or parsed.videos:
+        if parsed.images or parsed.videos or parsed.audios:
             # the body's fields are checked before its media are fetched, as vLLM checks them
             derive(body, self.defaults, len(prompt_ids), api=api)
             generate_request([], None, model=model, sampling_params={}, body=body)
@@ -309,7 +337,7 @@ class RenderService:
             try:
                 with anyio.fail_after(self.limits.timeout_s):
                     features, prompt_ids, cache_hits, timings = await self._features(
-                        parsed.images, parsed.videos, prompt_ids, tensors=payload == "tensors"
+                        parsed, prompt_ids, tensors=payload == "tensors"
                     )
             except TimeoutError:
                 raise ApiError(
@@ -347,10 +375,27 @@ class RenderService:
             response["reasoning_ended"] = True  # vLLM: no reasoning is parsed from the output
         return Rendered(
             response,
-            len(parsed.images) + len(parsed.videos),
+            len(parsed.images) + len(parsed.videos) + len(parsed.audios),
             cache_hits,
             timings,
         )
+
+    def _check_modalities(self, parsed: Parsed) -> None:
+        """Refuse images or audio clips the model does not take, or more clips than the limit,
+        with vLLM's words (its parser counts each part against ``--limit-mm-per-prompt``, and a
+        model's unsupported modality has a limit of 0).
+
+        :raises ApiError: 400 naming the modality.
+        """
+        takes = self.engine.processor.supported_modalities
+        for modality, parts in (("image", parsed.images), ("audio", parsed.audios)):
+            if parts and modality not in takes:
+                raise ApiError(
+                    f"At most 0 {modality}(s) may be provided in one prompt.", param=modality
+                )
+        most = self.limits.max_audios
+        if len(parsed.audios) > most:
+            raise ApiError(f"At most {most} audio(s) may be provided in one prompt.", param="audio")
 
     async def render_text(
         self, body: dict[str, Any], *, header_id: str | None = None
@@ -383,30 +428,46 @@ class RenderService:
 
     async def _features(
         self,
-        images: list[ImagePart],
-        videos: list[ImagePart],
+        parsed: Parsed,
         prompt_ids: list[int],
         *,
         tensors: bool,
     ) -> tuple[dict[str, Any], list[int], int, dict[str, float]]:
-        parts = [*images, *videos]
-        n_images = len(images)
         # the engine fetches, identifies (vLLM's mm_hash, or the client's uuid) and caches
-        sources = [media_url(part.url) if part.data is None else part.data for part in parts]
+        images, videos, audios = (
+            [media_url(p.url) if p.data is None else p.data for p in parts]
+            for parts in (parsed.images, parsed.videos, parsed.audios)
+        )
+        # a request's items are its images, then its videos, then its audio clips
+        n_images, n_videos = len(images), len(videos)
         request = Request(
             prompt_token_ids=prompt_ids,
-            images=sources[:n_images],
-            image_hashes=[part.uuid for part in images],
-            videos=sources[n_images:],  # sampled by VllmDecoder.sample_video, as vLLM's loader
-            video_hashes=[part.uuid for part in videos],
+            images=images,
+            image_hashes=[part.uuid for part in parsed.images],
+            videos=videos,  # sampled by VllmDecoder.sample_video, as vLLM's loader
+            video_hashes=[part.uuid for part in parsed.videos],
+            audios=audios,  # decoded and resampled as vLLM's AudioMediaIO and data parser
+            audio_hashes=[part.uuid for part in parsed.audios],
         )
         try:
             # without tensors, the routing plan: the same ids, hashes and placeholders, no pixels
             result = await (self.engine.process(request) if tensors else self.engine.plan(request))
         except AiommError as exc:
+            if self.mm_requests is not None and isinstance(exc, ProcessingError):
+                next(self.mm_requests)  # vLLM counted the request before its processor failed
             raise from_aiomm_error(exc) from exc
         hits = sum(1 for c in result.cache if c.value == "hit")
-        by_modality = {"image": result.item_ids[:n_images], "video": result.item_ids[n_images:]}
+        ids = result.item_ids
+        by_modality = {
+            "image": ids[:n_images],
+            "video": ids[n_images : n_images + n_videos],
+            "audio": ids[n_images + n_videos :],
+        }
+        if self.mm_requests is not None:
+            uuids = {"image": [p.uuid for p in parsed.images]}
+            by_modality = counter_ids(
+                next(self.mm_requests), by_modality, uuids, self.wire.modality_names
+            )
         feats = generate_request_features(result, by_modality, tensors=False)
         if self.video_delimiters is not None:
             _widen_ranges(
@@ -431,6 +492,7 @@ class RenderService:
             except AiommError as exc:  # the pool closed: the server is stopping (503)
                 raise from_aiomm_error(exc) from exc
             place_payload(feats, result.items, kwargs_data, metadata)
+        rename_modalities(feats, self.wire.modality_names)
         return feats, result.prompt_token_ids, hits, result.timings
 
 

@@ -139,6 +139,8 @@ class ModelSpec:
         from transformers import AutoTokenizer
 
         config = json.loads((folder / "config.json").read_text())
+        # Qwen2.5-Omni: the thinker's config is the model the render serves
+        config = config.get("thinker_config") or config
         text = config.get("text_config") or config.get("llm_config") or {}
         vision = config.get("vision_config") or {}
 
@@ -299,6 +301,13 @@ def _sampling_problems(sp: dict[str, Any], prompt_len: int, spec: ModelSpec) -> 
 
 def _feature_problems(feats: dict[str, Any], ids: list[int], spec: ModelSpec) -> list[Invalid]:
     errors: list[Invalid] = []
+    # vLLM's one modality for a model's images and videos (Kimi-K2.5's images): checked as images
+    feats = {
+        key: {"image" if m == "vision_chunk" else m: v for m, v in value.items()}
+        if key in FEATURE_KEYS and isinstance(value, dict)
+        else value
+        for key, value in feats.items()
+    }
     unknown = set(feats) - FEATURE_KEYS
     if unknown:
         return [Invalid(f"features: Extra inputs are not permitted: {sorted(unknown)}", "features")]

@@ -1,21 +1,24 @@
 """Content parts of the three chat APIs -> one conversation for the chat template + media parts.
 
-OpenAI chat (``text``, ``image_url`` and ``video_url`` with an optional per-part ``uuid``),
-Responses (``input``
+OpenAI chat (``text``, ``image_url``, ``video_url``, ``audio_url`` and ``input_audio`` with an
+optional per-part ``uuid``), Responses (``input``
 string or items with ``input_text`` / ``input_image`` / ``output_text``, ``instructions``,
 ``function_call`` / ``function_call_output`` / ``reasoning`` items) and
 Anthropic messages (``text``, ``image`` with a base64 or url source, ``system``, tool and thinking
 blocks, converted to chat messages first as vLLM converts them) all become the conversation vLLM
 hands the template: each message's content a list of ``{"type": "text", "text"}``,
-``{"type": "image"}`` and ``{"type": "video"}`` parts in their original order, plain strings kept
-as strings, a missing content None. System texts lose Claude Code's billing header line, as
-vLLM's chat parser drops it. As in vLLM 0.33, only chat takes ``video_url``; Responses and
-Anthropic refuse it.
+``{"type": "image"}``, ``{"type": "video"}`` and ``{"type": "audio"}`` parts in their original
+order, plain strings kept as strings, a missing content None. System texts lose Claude Code's
+billing header line, as vLLM's chat parser drops it. As in vLLM 0.33, only chat takes videos and
+audio; Responses and Anthropic refuse them. An ``input_audio`` part's ``{"data", "format"}``
+becomes the data URL vLLM makes of it, ``data:audio/<format>;base64,<data>`` (the format names
+only the MIME subtype: the bytes decide how the clip is decoded).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,19 +46,26 @@ def media_url(url: str) -> str:
     """``url`` as a media part's URL, checked as vLLM checks it: a ``data:`` URL must be
     ``data:<mime>;base64,<payload>`` (vLLM refuses the percent-encoded form).
 
-    :raises ApiError: 400 for another data URL.
+    :raises ApiError: 400 for a data URL without a comma, 501 for one that is not base64
+        (vLLM's words and statuses).
     """
     if url[:5].lower() == "data:":
         comma = url.find(",", 5)
-        if comma < 0 or not is_base64_header(url[5:comma]):
-            raise ApiError("image data URLs must be data:<mime>;base64,<payload>")
+        if comma < 0:
+            raise ApiError(f"Invalid data URL {url[:32]!r}: missing ',' separator.")
+        if not is_base64_header(url[5:comma]):
+            raise ApiError(
+                "Only base64 data URLs are supported for now.",
+                status=501,
+                type="NotImplementedError",
+            )
     return url
 
 
 @dataclass(frozen=True)
 class ImagePart:
-    """One image or video of a request: its URL (``data:``, ``http(s):`` or ``file:``) and client
-    hash."""
+    """One image, video or audio clip of a request: its URL (``data:``, ``http(s):`` or ``file:``)
+    and client hash."""
 
     url: str
     uuid: str | None = None
@@ -65,11 +75,13 @@ class ImagePart:
 
 @dataclass
 class Parsed:
-    """A conversation ready for the chat template, its images and its videos in prompt order."""
+    """A conversation ready for the chat template, its images, videos and audio clips in prompt
+    order."""
 
     conversation: list[dict[str, Any]]
     images: list[ImagePart]
     videos: list[ImagePart] = field(default_factory=list)
+    audios: list[ImagePart] = field(default_factory=list)
     #: its last message is to be continued, not answered (a Responses item in progress)
     continue_final: bool = False
 
@@ -121,8 +133,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
 
     :raises ApiError: malformed messages or an unsupported content part.
     """
-    images: list[ImagePart] = []
-    videos: list[ImagePart] = []
+    media: dict[str, list[ImagePart]] = {"image": [], "video": [], "audio": []}
     conversation: list[dict[str, Any]] = []
     for i, message in enumerate(_messages(body)):
         role = _role(message, i)
@@ -133,9 +144,17 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
             f"messages[{i}].content: Input should be a valid string or list",
             "messages",
         )
+        # checked after the parts, whose own errors say more (vLLM refuses either way)
+        weak = (
+            role in _OPENAI_ROLES
+            and isinstance(content, list)
+            and bool(content)
+            and not any(_declared(part) for part in content)
+        )
         if role == "system":
             content = _without_billing_header(content)
         if content is None or isinstance(content, str):
+            _need(not weak, f"messages[{i}].content: no part is one of the part types", "messages")
             # None stays None: no text to continue (the renderer shows it empty)
             conversation.append(_message_fields(message, i, role, content))
             continue
@@ -147,10 +166,21 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
             if kind == "text":
                 parts.append({"type": "text", "text": value})
             elif kind is not None:
-                (images if kind == "image" else videos).append(ImagePart(value, _uuid(part)))
+                if value is None:  # an audio part without a clip: vLLM's words
+                    n = len(media[kind])
+                    raise ApiError(
+                        f"multi_modal_data['{kind}'][{n}] is empty but "
+                        f"multi_modal_uuids['{kind}'][{n}] is missing."
+                        if part.get("uuid") is None
+                        else f"multi_modal_data['{kind}'][{n}] is empty: a uuid alone names no "
+                        "clip (this server keeps no items by client ids)",
+                        param="multi_modal_uuids",
+                    )
+                media[kind].append(ImagePart(value, _uuid(part)))
                 parts.append({"type": kind})
+        _need(not weak, f"messages[{i}].content: no part is one of the part types", "messages")
         conversation.append(_message_fields(message, i, role, parts))
-    return Parsed(conversation, images, videos)
+    return Parsed(conversation, media["image"], media["video"], media["audio"])
 
 
 def _message_fields(message: dict[str, Any], i: int, role: str, content: Any) -> dict[str, Any]:
@@ -209,13 +239,21 @@ _TEXT_PARTS = {
 #: the ``detail`` values of an image or video URL (vLLM's literal)
 _DETAILS = frozenset({"auto", "low", "high", "original"})
 #: media part types and the modality of each
-_MEDIA_PARTS = {"image_url": "image", "input_image": "image", "video_url": "video"}
+_MEDIA_PARTS = {
+    "image_url": "image",
+    "input_image": "image",
+    "video_url": "video",
+    "audio_url": "audio",
+    "input_audio": "audio",
+}
+#: the keys that make a part with a ``uuid`` or no ``type`` media, in the order vLLM tries them
+_MEDIA_KEYS = ("image_url", "audio_url", "input_audio", "video_url")
 
 
 def _chat_part(part: Any, where: str) -> tuple[str | None, Any]:
-    """``("text", text)``, ``("image" | "video", url)`` or ``(None, None)`` (a part vLLM skips)
-    of one chat content part, read as vLLM's ``parse_chat_message_content_mm_part`` reads it: a
-    part with a ``uuid`` or no ``type`` is media found by its key.
+    """``("text", text)``, ``("image" | "video" | "audio", url)`` or ``(None, None)`` (a part
+    vLLM skips) of one chat content part, read as vLLM's ``parse_chat_message_content_mm_part``
+    reads it: a part with a ``uuid`` or no ``type`` is media found by its key.
 
     :raises ApiError: a part of another type, or without the text or URL its type names.
     """
@@ -229,25 +267,126 @@ def _chat_part(part: Any, where: str) -> tuple[str | None, Any]:
             return None, None  # skipped, as vLLM skips them
         _need(isinstance(text, str), f"{where}.{_TEXT_PARTS[kind]} must be a string")
         return "text", text
-    if kind is None or part.get("uuid") is not None:
-        key = next((k for k in ("image_url", "video_url") if k in part), None)
+    by_key = kind is None or part.get("uuid") is not None
+    if by_key:
+        key = next((k for k in _MEDIA_KEYS if k in part), None)
         _need(key is not None, "Missing 'type' field in multimodal part.", "type")
         kind = key
     elif kind not in _MEDIA_PARTS:
         raise ApiError(f"{where}: unsupported content part type {kind!r}", param="messages")
     elif kind == "input_image":  # in a chat message, vLLM validates it as a Responses part
         _need("detail" in part, f"{where}.detail: Field required", "messages")
+    if kind == "input_audio":
+        return "audio", _input_audio_url(part.get("input_audio"), where)
     key = "image_url" if kind == "input_image" else kind  # a Responses part's URL key
     spec = part.get(key)
-    if kind != "input_image" and part.get("uuid") is None:  # a typed part, as pydantic reads it
+    if not by_key and kind != "input_image":  # a typed part, as pydantic reads it
         _need(isinstance(spec, dict), f"{where}.{key}: Input should be a valid dictionary")
+        # an audio URL has no detail (vLLM's AudioURL)
         _need(
-            spec.get("detail", "auto") in _DETAILS,
+            kind == "audio_url" or spec.get("detail", "auto") in _DETAILS,
             f"{where}.{key}.detail: Input should be 'auto', 'low', 'high' or 'original'",
         )
+        _need("url" in spec, f"{where}.{key}.url is missing")
+        _need(isinstance(spec["url"], str), f"{where}.{key}.url: Input should be a valid string")
     url = spec.get("url") if isinstance(spec, dict) else spec
+    if _MEDIA_PARTS[kind] == "audio" and (url is None or url == ""):
+        return "audio", None  # vLLM's parser takes it, and its processor then refuses it
     _need(isinstance(url, str) and bool(url), f"{where}.{key}.url is missing")
     return _MEDIA_PARTS[kind], url
+
+
+#: the roles whose OpenAI message type vLLM's request validation prefers, when no part of a
+#: message's content list sets a field of vLLM's own content part types: its parts are then
+#: validated lazily as OpenAI's (text, image_url, input_audio of wav or mp3, file), and a part
+#: that is none of those fails the request
+_OPENAI_ROLES = frozenset({"user", "system", "assistant", "developer"})
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _str_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _url_spec(value: Any, details: frozenset[str] | None = None) -> bool:
+    return (
+        isinstance(value, dict)
+        and _is_str(value.get("url"))
+        and (details is None or value.get("detail", "auto") in details)
+    )
+
+
+def _embeds(key: str) -> Callable[[dict[str, Any]], bool]:
+    def test(part: dict[str, Any]) -> bool:
+        return _str_or_none(part.get("uuid")) and (
+            part.get(key) is None or isinstance(part[key], (str, dict))
+        )
+
+    return test
+
+
+#: vLLM's typed content parts: the test of a part of each type against its TypedDict
+_TYPED_PARTS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "text": lambda p: _is_str(p.get("text")),
+    "refusal": lambda p: _is_str(p.get("refusal")),
+    "thinking": lambda p: _is_str(p.get("thinking")) and isinstance(p.get("closed", True), bool),
+    "image_url": lambda p: _url_spec(p.get("image_url"), _DETAILS),
+    "audio_url": lambda p: _url_spec(p.get("audio_url")),
+    "video_url": lambda p: _url_spec(p.get("video_url")),
+    "input_audio": lambda p: (
+        isinstance(a := p.get("input_audio"), dict)
+        and _is_str(a.get("data"))
+        and a.get("format") in ("wav", "mp3")
+    ),
+    "file": lambda p: (
+        isinstance(f := p.get("file"), dict)
+        and all(_is_str(f[k]) for k in ("file_data", "file_id", "filename") if k in f)
+    ),
+    "prompt_embeds": lambda p: _is_str(p.get("data")),
+    "image_embeds": _embeds("image_embeds"),
+    "audio_embeds": _embeds("audio_embeds"),
+    "video_embeds": _embeds("video_embeds"),
+}
+#: vLLM's content part types without a required field: the test of each of their fields
+_OPEN_PARTS: tuple[dict[str, Callable[[Any], bool]], ...] = (
+    {"image_url": _str_or_none, "uuid": _str_or_none},
+    {"image_pil": lambda v: v is None, "uuid": _str_or_none},
+    {"audio_url": _str_or_none},
+    {"video_url": _str_or_none, "uuid": _str_or_none},
+    {"name": _is_str, "type": lambda v: v == "tool_reference"},
+)
+
+
+def _declared(part: Any) -> bool:
+    """Whether ``part`` validates as one of vLLM's content part types with a field set (which
+    makes pydantic keep the message as vLLM's type, whatever its other parts are)."""
+    if not isinstance(part, dict):
+        return False
+    test = _TYPED_PARTS.get(part.get("type"))  # type: ignore[arg-type]
+    if test is not None and test(part):
+        return True
+    return any(
+        any(k in part for k in fields) and all(ok(part[k]) for k, ok in fields.items() if k in part)
+        for fields in _OPEN_PARTS
+    )
+
+
+def _input_audio_url(spec: Any, where: str) -> str | None:
+    """The data URL vLLM's parser makes of an ``input_audio`` part's ``{"data", "format"}``:
+    ``data:audio/<format>;base64,<data>``, whatever the format says (None without data).
+
+    :raises ApiError: a clip that is not an object (vLLM answers 500: it calls its ``get``), or
+        data that is not a string.
+    """
+    _need(not spec or isinstance(spec, dict), f"{where}.input_audio must be an object")
+    data = spec.get("data") if spec else None
+    if not data:
+        return None
+    _need(isinstance(data, str), f"{where}.input_audio.data must be a base64 string")
+    return f"data:audio/{spec.get('format', '')};base64,{data}"
 
 
 def _without_billing_header(content: Any) -> Any:

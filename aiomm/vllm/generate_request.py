@@ -42,11 +42,13 @@ from aiomm.vllm.wire import (
 
 __all__ = (
     "WireForm",
+    "counter_ids",
     "encode_items",
     "generate_request",
     "generate_request_features",
     "model_float_dtype",
     "place_payload",
+    "rename_modalities",
     "vllm_mm_hash",
 )
 
@@ -65,6 +67,10 @@ _KEEP_ON_CPU = frozenset(
         "patches_per_image",
         "aspect_ratios",
         "images_spatial_crop",  # DeepSeek-OCR 2
+        "video_frame_counts",  # Gemma 4's video items
+        "video_num_soft_tokens",
+        "video_timestamps",
+        "grid_thws",  # Kimi-K2.5
     }
 )
 
@@ -78,12 +84,22 @@ _KEY_ORDER = (
     "timestamps",
     "images_crop",  # DeepSeek-OCR 2: its local views, global view, grid
     "pixel_position_ids",  # Gemma 4: its patches' positions before its patches
+    "grid_thws",  # Kimi-K2.5: its grid before its patches
     "pixel_values",
     "images_spatial_crop",
     "image_grid_thw",
+    "use_audio_in_video",  # Qwen2.5-Omni's video items: first
     "second_per_grid_ts",
     "video_grid_thw",
+    "video_timestamps",  # Gemma 4: its video fields before its frames' patches
+    "video_num_soft_tokens",
+    "pixel_position_ids_videos",
+    "video_frame_counts",
     "pixel_values_videos",
+    "audio_feature_lengths",  # Qwen2.5-Omni's audio items
+    "input_audio_features",
+    "input_features",
+    "feature_attention_mask",
 )
 
 
@@ -145,6 +161,15 @@ _WIRE_DTYPES: dict[str, dict[str, torch.dtype]] = {
 }
 
 
+#: keys vLLM keeps on the CPU for one HF processor class only (besides :data:`_KEEP_ON_CPU`):
+#: Qwen2.5-Omni's audio masks and lengths, and its videos' ``use_audio_in_video``
+_KEEP_ON_CPU_BY_FAMILY: dict[str, frozenset[str]] = {
+    "Qwen2_5OmniProcessor": frozenset(
+        {"feature_attention_mask", "audio_feature_lengths", "use_audio_in_video"}
+    ),
+}
+
+
 @dataclass(frozen=True)
 class WireForm:
     """How vLLM 0.33's render server writes a model's items, which its multimodal processor
@@ -169,6 +194,11 @@ class WireForm:
     pad_patches: bool = False
     #: keys sent in another dtype than the items hold (:data:`_WIRE_DTYPES`)
     dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)
+    #: the modality vLLM names aiomm's image items by where it differs (the adapter's
+    #: ``wire_modality``: Kimi-K2.5's images are ``vision_chunk`` items)
+    modality_names: Mapping[str, str] = field(default_factory=dict)
+    #: keys kept on the CPU besides :data:`_KEEP_ON_CPU` (:data:`_KEEP_ON_CPU_BY_FAMILY`)
+    keep_on_cpu: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, processor: Any) -> WireForm:
@@ -187,7 +217,46 @@ class WireForm:
             else int(getattr(processor, token_attribute)),
             pad_patches=family in _PATCH_PADDED,
             dtypes=_WIRE_DTYPES.get(family, {}),
+            keep_on_cpu=_KEEP_ON_CPU_BY_FAMILY.get(family, frozenset()),
+            modality_names=_wire_modalities(processor),
         )
+
+
+def _wire_modalities(processor: Any) -> dict[str, str]:
+    name = getattr(processor, "wire_modality", None)
+    return {"image": name} if name else {}
+
+
+def rename_modalities(features: dict[str, Any], names: Mapping[str, str]) -> None:
+    """Key ``features``' per-modality entries by vLLM's modality names (``names``:
+    :attr:`WireForm.modality_names`), in place; after :func:`place_payload`, which matches the
+    items' own modalities."""
+    if not names:
+        return
+    for part in ("mm_hashes", "mm_placeholders", "kwargs_data", "mm_metadata"):
+        entries = features.get(part)
+        if entries:
+            features[part] = {names.get(m, m): value for m, value in entries.items()}
+
+
+def counter_ids(
+    n: int,
+    hashes: Mapping[str, Sequence[str]],
+    uuids: Mapping[str, Sequence[str | None]],
+    names: Mapping[str, str],
+) -> dict[str, list[str]]:
+    """The item ids vLLM's render server gives its ``n``-th multimodal request (counted from 1)
+    when it hashes no content (its processor cache and prefix caching both off):
+    ``renderer0-mm-<n>-<modality>-<i>`` under vLLM's modality ``names``, a client's uuid kept;
+    ``hashes``: the items' ids per modality, ``uuids``: the client's (None where it gave none)."""
+    out: dict[str, list[str]] = {}
+    for modality, ids in hashes.items():
+        given = list(uuids.get(modality) or [None] * len(ids))
+        wire = names.get(modality, modality)
+        out[modality] = [
+            u if u is not None else f"renderer0-mm-{n}-{wire}-{i}" for i, u in enumerate(given)
+        ]
+    return out
 
 
 def generate_request_features(
@@ -373,8 +442,8 @@ def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype |
     return value
 
 
-def _field(key: str, config: Any, slices: list[Any]) -> Field:
-    keep = key in _KEEP_ON_CPU
+def _field(key: str, config: Any, slices: list[Any], keep_keys: frozenset[str]) -> Field:
+    keep = key in keep_keys
     if isinstance(config, PaddedImageField):
         # an item holds its own unpadded image: vLLM's processors unpad (Mistral 3, Pixtral)
         # and batch them
@@ -384,7 +453,8 @@ def _field(key: str, config: Any, slices: list[Any]) -> Field:
         return Field("batched", {"keep_on_cpu": keep})
     if kind is FieldKind.SHARED:
         return Field("shared", {"keep_on_cpu": keep, "batch_size": config.batch_size})
-    return Field("flat", {"keep_on_cpu": keep, "slices": slices, "dim": 0})
+    # a flat field along another dim (Qwen2.5-Omni's feature frames: dim 1) says so
+    return Field("flat", {"keep_on_cpu": keep, "slices": slices, "dim": getattr(config, "dim", 0)})
 
 
 def encode_items(
@@ -419,6 +489,7 @@ def encode_items(
         for i in batch:
             slices[i], batch_sizes[i] = batch_slices, len(batch)
     kwargs_data: list[PiecesString] = []
+    keep_keys = _KEEP_ON_CPU | wire.keep_on_cpu
     metadata: list[PiecesString | None] = []
     most = _most_patches(items) if wire.pad_patches else 0
     for item, item_slices, batch_size in zip(items, slices, batch_sizes, strict=True):
@@ -430,7 +501,10 @@ def encode_items(
         for key, dtype in wire.dtypes.items():
             if isinstance(values.get(key), torch.Tensor):
                 values[key] = values[key].to(dtype)
-        fields = {names[k]: _field(names[k], item.fields[k], item_slices.get(k, [])) for k in keys}
+        fields = {
+            names[k]: _field(names[k], item.fields[k], item_slices.get(k, []), keep_keys)
+            for k in keys
+        }
         if wire.image_token_id is not None and item.modality == "image":
             values["image_token_id"] = torch.tensor(wire.image_token_id)
             fields["image_token_id"] = Field(
@@ -445,7 +519,7 @@ def encode_items(
         kwargs_data.append(
             PiecesString(encode_item_lazy(entries) if lazy else encode_item_pieces(entries))
         )
-        meta = {k: e for k, e in entries.items() if k in _KEEP_ON_CPU}
+        meta = {k: e for k, e in entries.items() if k in keep_keys}
         metadata.append(PiecesString(encode_item_pieces(meta)) if meta else None)
     return kwargs_data, metadata
 
@@ -479,9 +553,12 @@ def _flat_slices(items: Sequence[MultiModalKwargsItem]) -> dict[str, list[Any]]:
             config = item.fields[key]
             if isinstance(config, MultiModalFieldConfig) and config.kind is not FieldKind.FLAT:
                 continue
-            rows = int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else 1
+            dim = getattr(config, "dim", 0)
+            rows = int(value.shape[dim]) if isinstance(value, torch.Tensor) and value.dim() else 1
             start = starts.get(key, 0)
-            slices.setdefault(key, []).append([[start, start + rows, None]])
+            run = [start, start + rows, None]
+            # vLLM's slice tuple: every index of the dims before ``dim``
+            slices.setdefault(key, []).append([[None, None, None]] * dim + [run])
             starts[key] = start + rows
     return slices
 

@@ -32,10 +32,16 @@ from blake3 import blake3
 from aiomm.config import DecodeConfig
 from aiomm.engine.stages import PillowDecoder
 from aiomm.errors import ConfigError, DecodeError, ImageTooLargeError, VideoTooLargeError
+from aiomm.media.audio import decode_audio
 from aiomm.media.header import decided_size
 from aiomm.media.image import DEFAULT_FORMATS, open_encoded
 from aiomm.media.video import VideoInfo, decode_video, sampled_bytes
-from aiomm.vllm.mm_hash import image_mm_hash, video_mm_hash
+from aiomm.vllm.mm_hash import (
+    audio_mm_hash,
+    image_mm_hash,
+    video_mm_hash,
+    vision_chunk_mm_hash,
+)
 from aiomm.vllm.video_media import (
     hash_metadata,
     probe_video_vllm,
@@ -260,15 +266,32 @@ class VllmHasher:
     its mode; a video's over its bytes and its loader's metadata, or over its sampled frames when
     they are smaller than the file, as vLLM's hasher does. ``decoder`` probes and samples videos
     as vLLM's loader (its header cache serves the transform's probe too); videos above
-    ``max_video_bytes`` encoded bytes are refused before they are probed."""
+    ``max_video_bytes`` encoded bytes are refused before they are probed. An audio's is over
+    its decoded waveform (:meth:`hash_waveform`: the engine decodes and resamples audio to the
+    adapter's rate before it asks)."""
 
-    def __init__(self, model_id: str, decoder: VllmDecoder, *, max_video_bytes: int) -> None:
+    def __init__(
+        self,
+        model_id: str,
+        decoder: VllmDecoder,
+        *,
+        max_video_bytes: int,
+        audio_sampling_rate: int = 16000,
+        vision_chunk: bool = False,
+    ) -> None:
         self.model_id = model_id
+        #: images are vLLM's ``vision_chunk`` items, hashed by their decoded pixels
+        #: (:func:`~aiomm.vllm.mm_hash.vision_chunk_mm_hash`: Kimi-K2.5)
+        self.vision_chunk = vision_chunk
         self.decoder = decoder
         self.max_video_bytes = max_video_bytes
+        #: the rate :meth:`hash_audio` resamples encoded audio to (the adapter's)
+        self.audio_sampling_rate = audio_sampling_rate
 
     def hash_image(self, data: bytes) -> str:
         """:raises DecodeError: ``data`` is not a recognised image."""
+        if self.vision_chunk:
+            return vision_chunk_mm_hash(self.decoder.decode(data), self.model_id)
         image = _opened(data)
         if len(data) <= _REMEMBERED_BYTES:
             # a routing plan reads the same header next (VllmDecoder.plan_size); larger bytes
@@ -290,3 +313,17 @@ class VllmHasher:
             frames = decode_video(data, lambda _: indices, info=info).frames
         metadata = hash_metadata(info, indices, self.decoder.video_loader)
         return video_mm_hash(data, self.model_id, metadata, frames)
+
+    def hash_waveform(self, samples: np.ndarray) -> str:
+        """vLLM's mm_hash of an audio whose resampled mono waveform is ``samples``."""
+        return audio_mm_hash(samples, self.model_id)
+
+    def hash_audio(self, data: bytes) -> str:
+        """vLLM's mm_hash of encoded audio, decoded at :attr:`audio_sampling_rate` with vLLM's
+        default limits (the engine calls :meth:`hash_waveform` on the waveform it decoded).
+
+        :raises DecodeError: see :func:`aiomm.media.audio.decode_audio`.
+        """
+        return audio_mm_hash(
+            decode_audio(data, target_rate=self.audio_sampling_rate), self.model_id
+        )

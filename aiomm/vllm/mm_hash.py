@@ -20,6 +20,21 @@ comes first)::
 where ``<media>`` is ``frame(<encoded bytes>)``, or, when the sampled frames take fewer bytes
 than the encoded video, the frames as vLLM hashes an array: ``frame("ndarray")`` and the
 mapping ``{"dtype": "|u1", "shape": [T, H, W, 3], "data": <frame bytes>}``.
+
+An image of a model with one ``vision_chunk`` modality for images and videos (Kimi-K2.5) is
+the mapping vLLM's chat parser makes of it, its decoded RGB image hashed by mode and pixels::
+
+    frame("model_id") LEAF frame(<model id>)
+    frame("vision_chunk") MAPPING u64(3) frame("type") LEAF frame("image")
+        frame("image") LEAF frame("image") <{"mode": "RGB", "data": <ndarray>}>
+        frame("uuid") NONE
+
+An audio's item is its waveform as vLLM's parser hands it on (decoded, averaged to mono and
+resampled to the feature extractor's rate), hashed as an array (its key sorts before the model
+id)::
+
+    frame("audio") LEAF frame("ndarray") <{"dtype": "<f4", "shape": [N], "data": <samples>}>
+    frame("model_id") LEAF frame(<model id>)
 """
 
 from __future__ import annotations
@@ -29,7 +44,7 @@ from collections.abc import Iterator
 import numpy as np
 from blake3 import blake3
 
-__all__ = ("image_mm_hash", "video_mm_hash")
+__all__ = ("audio_mm_hash", "image_mm_hash", "video_mm_hash", "vision_chunk_mm_hash")
 
 _NONE, _SEQUENCE, _MAPPING, _LEAF = b"\x00", b"\x01", b"\x02", b"\x03"
 _WHITE = (255, 255, 255)
@@ -83,6 +98,63 @@ def image_mm_hash(data: bytes, model_id: str, *, mode_converted: bool) -> str:
             hasher.update(chunk)
         for chunk in (_LEAF, *_framed(b"image"), *_value(val)) if key == "image" else _value(val):
             hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def _ndarray(array: np.ndarray) -> list[bytes | memoryview]:
+    """An array as vLLM's hasher serialises one (its bytes in place when contiguous)."""
+    data: bytes | memoryview = (
+        array.view(np.uint8).data if array.flags.c_contiguous else array.tobytes()
+    )
+    return [
+        *_framed(b"ndarray"),
+        *_value({"dtype": array.dtype.str, "shape": array.shape, "data": data}),
+    ]
+
+
+def vision_chunk_mm_hash(rgb: np.ndarray, model_id: str) -> str:
+    """The hex mm_hash vLLM gives an image of a model that takes images and videos as one
+    ``vision_chunk`` modality (Kimi-K2.5's ``use_unified_vision_chunk``): its item is the mapping
+    ``{"type": "image", "image": <PIL image>, "uuid": None}`` and the image, decoded (``rgb``:
+    ``H x W x 3`` uint8), is hashed by its mode and pixels."""
+    hasher = blake3(max_threads=1)
+    for chunk in (
+        *_framed(b"model_id"),
+        *_value(model_id),
+        *_framed(b"vision_chunk"),
+        _MAPPING,
+        _length(3),
+        *_framed(b"type"),
+        *_value("image"),
+        *_framed(b"image"),
+        _LEAF,
+        *_framed(b"image"),
+        _MAPPING,
+        _length(2),
+        *_framed(b"mode"),
+        *_value("RGB"),
+        *_framed(b"data"),
+        _LEAF,
+        *_ndarray(np.ascontiguousarray(rgb)),
+        *_framed(b"uuid"),
+        _NONE,
+    ):
+        hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def audio_mm_hash(samples: np.ndarray, model_id: str) -> str:
+    """The hex mm_hash vLLM gives an audio whose waveform, as its parser hands it on, is
+    ``samples`` (1-D; float32 for decoded audio)."""
+    hasher = blake3(max_threads=1)
+    for chunk in (
+        *_framed(b"audio"),
+        _LEAF,
+        *_ndarray(samples),
+        *_framed(b"model_id"),
+        *_value(model_id),
+    ):
+        hasher.update(chunk)
     return hasher.hexdigest()
 
 

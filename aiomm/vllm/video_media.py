@@ -90,8 +90,11 @@ GLM4V_VIDEO_PROCESSORS = frozenset({"Glm4vVideoProcessor"})
 #: HF video processors whose videos vLLM loads with ``GLM46VVideoBackend`` (GLM-OCR, GLM-4.6V)
 GLM46V_VIDEO_PROCESSORS = frozenset({"Glm46VVideoProcessor"})
 #: HF video processors whose videos vLLM loads with its default ``"opencv"`` loader
-#: (``VideoBackend``: 32 frames spread evenly), as for LLaVA-OneVision
-LLAVA_ONEVISION_VIDEO_PROCESSORS = frozenset({"LlavaOnevisionVideoProcessor"})
+#: (``VideoBackend``: 32 frames spread evenly), as for LLaVA-OneVision (and Gemma 4, which
+#: vLLM 0.33 gives no loader of its own)
+LLAVA_ONEVISION_VIDEO_PROCESSORS = frozenset(
+    {"LlavaOnevisionVideoProcessor", "Gemma4VideoProcessor"}
+)
 #: videos one prompt may carry, per loader's model, where vLLM caps them
 #: (``get_supported_mm_limits``: the GLM-4V family takes one)
 VIDEOS_PER_PROMPT = {"glm4v": 1, "glm46v": 1}

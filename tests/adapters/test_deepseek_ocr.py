@@ -1,7 +1,8 @@
-"""DeepSeek-OCR 2: the crop grid, the global view's geometry and the token counts against vLLM's
-rules for many sizes, transformers' PIL image processor where it agrees with vLLM, crop-mode
-kwargs against vLLM 0.33's render server (recorded with per-request processor kwargs:
-``fixtures_deepseek_ocr2/crop_modes``), routing plans, and errors.
+"""DeepSeek-OCR 2 and DeepSeek-OCR (v1): the crop grid, the global view's geometry and the
+token counts against vLLM's rules for many sizes, transformers' PIL image processor where it
+agrees with vLLM, crop-mode kwargs against vLLM 0.33's render server (recorded with per-request
+processor kwargs: ``fixtures_deepseek_ocr2/crop_modes``), DeepSeek-OCR's 640-px views, routing
+plans, and errors.
 
 The registry-driven harness (``tests/support/adapter_parity.py``) covers the default mode
 against the restated reference (``tests/support/deepseek_ocr_reference.py``).
@@ -27,8 +28,10 @@ from PIL import ImageOps
 
 from aiomm.adapters import build_processor
 from aiomm.adapters.deepseek_ocr import (
-    DeepseekOCR2Processor,
+    DeepseekOCRProcessor,
+    DeepseekOCRReference,
     build_reference,
+    build_reference_v1,
     global_view_geometry,
     num_image_tokens,
     select_crop_grid,
@@ -47,24 +50,29 @@ RECORDED_CASES = sorted(p.stem for p in RECORDED.glob("*.json"))
 
 
 def _sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
-    """(width, height): 768 multiples and neighbours, thin images, then random ones."""
+    """(width, height): 640 and 768 multiples and neighbours, thin images, then random ones."""
     fixed = [(1, 1), (768, 768), (769, 768), (768, 769), (1536, 768), (768, 2304), (1537, 768),
-             (2000, 20), (20, 2000), (1000, 798), (798, 1000), (1025, 1023)]  # fmt: skip
+             (2000, 20), (20, 2000), (1000, 798), (798, 1000), (1025, 1023), (640, 640),
+             (641, 640), (640, 641), (1280, 640), (1281, 1920), (1920, 1280)]  # fmt: skip
     return fixed + [(rng.randint(1, 4000), rng.randint(1, 4000)) for _ in range(n)]
 
 
-def _processor(**config: Any) -> DeepseekOCR2Processor:
-    processor = build_processor("deepseek-ocr-2", config=MultiModalConfig(**config))
-    assert isinstance(processor, DeepseekOCR2Processor)
+def _processor(name: str = "deepseek-ocr-2", **config: Any) -> DeepseekOCRProcessor:
+    processor = build_processor(name, config=MultiModalConfig(**config))
+    assert isinstance(processor, DeepseekOCRProcessor)
     return processor
 
 
 def test_grids_and_token_counts_are_vllms() -> None:
-    """Grids (max 6 and 9 crops, 640 and 768 px) and token counts equal vLLM's rules."""
-    ref = build_reference()
+    """Grids (max 6 and 9 crops, 640 and 768 px) and token counts of both models (strategies
+    v2 and v1) equal vLLM's rules."""
+    ref, ref_v1 = build_reference(), build_reference_v1()
+    assert (ref_v1.image_size, ref_v1.strategy, ref_v1.base_size) == (640, "v1", 1024)
     rng = random.Random(f"{SEED}-grids")
     for width, height in _sizes(rng, 3000):
         assert num_image_tokens(width, height, ref) == reference_num_tokens(width, height)
+        v1 = reference_num_tokens(width, height, "v1")
+        assert num_image_tokens(width, height, ref_v1) == v1, (width, height)
         for size, most in ((768, 6), (640, 6), (768, 9)):
             ours = select_crop_grid(width, height, image_size=size, min_num=2, max_num=most)
             expected = _vllm_grid(width, height, size, most)
@@ -145,6 +153,33 @@ def test_crop_modes_equal_the_reference(kwargs: dict[str, Any]) -> None:
     assert all(r.is_embed is None for r in out.mm_placeholders["image"])
 
 
+def test_deepseek_ocr_v1_equals_the_reference() -> None:
+    """DeepSeek-OCR's row: 640-px local views (untiled, 2 x 1, 1 x 3 and 3 x 2 grids)
+    and strategy v1's token counts equal the restated reference's."""
+    processor = _processor("deepseek-ocr")
+    nrng = np.random.default_rng(SEED)
+    sizes = ((500, 640), (641, 1300), (1900, 700), (700, 1000))
+    images = [photo_like(nrng, h, w) for h, w in sizes]
+    out = processor.apply([5, processor.image_token_id] * len(images), {"image": images}, {})
+    ref = reference_outputs(images, strategy="v1")
+    merged = out.merged_kwargs()
+    assert torch.equal(merged["pixel_values"], ref["float"])
+    assert torch.equal(merged["images_crop"], ref["images_crop"])
+    assert merged["images_spatial_crop"].tolist() == [[1, 1], [2, 1], [1, 3], [3, 2]]
+    assert torch.equal(merged["images_spatial_crop"], ref["images_spatial_crop"])
+    assert [r.length for r in out.mm_placeholders["image"]] == ref["tokens"]
+
+
+def test_a_folder_gives_its_architectures_parameters(tmp_path: Path) -> None:
+    """``from_pretrained`` of a model folder takes the parameters vLLM gives the architecture
+    its ``config.json`` names."""
+    from aiomm.adapters.folders import write_model_folder
+
+    for name, size, strategy in (("deepseek-ocr", 640, "v1"), ("deepseek-ocr-2", 768, "v2")):
+        ref = DeepseekOCRReference.from_pretrained(write_model_folder(name, tmp_path / name))
+        assert (ref.image_size, ref.strategy) == (size, strategy), name
+
+
 def _decoded(url: str) -> PIL.Image.Image:
     return PIL.Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
 
@@ -167,7 +202,7 @@ def test_crop_modes_render_as_vllm(name: str) -> None:
         conversation.append({"role": message["role"], "content": content})
     text = tokenizer.apply_chat_template(
         conversation,
-        chat_template=CHAT_TEMPLATES["DeepseekOCR2Reference"],
+        chat_template=CHAT_TEMPLATES["DeepseekOCRReference"],
         tokenize=False,
         add_generation_prompt=True,
     )

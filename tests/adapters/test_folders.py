@@ -128,6 +128,8 @@ def _token_fields(config: dict, prefix: str = "") -> dict[str, object]:
     for key, value in config.items():
         if isinstance(value, dict) and key.endswith("_config"):
             out.update(_token_fields(value, f"{prefix}{key}."))
+        elif key.startswith("tts_"):  # Qwen2.5-Omni's speech talker: its codec's ids
+            continue
         elif key.endswith(("_token_id", "_token_ids", "_token_index")) and value is not None:
             out[prefix + key] = value
     return out
@@ -152,11 +154,16 @@ def test_the_vision_config_patches_as_the_processor(name: str, written: Folders)
 
     config = AutoConfig.from_pretrained(written[name])
     vision = getattr(config, "vision_config", None)
+    if hasattr(config, "thinker_config"):  # Qwen2.5-Omni: the thinker's vision tower
+        vision = config.thinker_config.vision_config
     reference = get_adapter_info(name).build_hf_processor(backend="torchvision")
     image = getattr(reference, "image_processor", None)
     if type(reference).__name__ == "PaddleOCRVLProcessor":  # one frame: no temporal patch
         assert vision.patch_size == image.patch_size, name
         assert vision.spatial_merge_size == image.merge_size, name
+    elif type(reference).__name__ == "Kimi_K25Processor":  # MoonViT: patches merged 2 x 2
+        assert vision.patch_size == image.patch_size, name
+        assert list(vision.merge_kernel_size) == [image.merge_size] * 2, name
     elif hasattr(image, "merge_size"):  # Qwen-VL and GLM-V: the processor's patching is vLLM's
         assert vision.patch_size == image.patch_size, name
         assert vision.spatial_merge_size == image.merge_size, name

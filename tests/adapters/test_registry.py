@@ -40,6 +40,10 @@ EXPECTED = {
     "smolvlm": "SmolVLMForConditionalGeneration",
     "paddleocr-vl": "PaddleOCRVLForConditionalGeneration",
     "deepseek-ocr-2": "DeepseekOCR2ForCausalLM",
+    "deepseek-ocr": "DeepseekOCRForCausalLM",
+    "kimi-k2.5": "KimiK25ForConditionalGeneration",
+    "qwen2-audio": "Qwen2AudioForConditionalGeneration",
+    "qwen2.5-omni": "Qwen2_5OmniThinkerForConditionalGeneration",
 }
 
 
@@ -72,6 +76,9 @@ def test_device_normalize_defaults() -> None:
     assert defaults.pop("smolvlm") is False  # vLLM's SmolVLM is its Idefics3
     assert defaults.pop("paddleocr-vl") is False  # vLLM's PaddleOCR-VL takes normalised pixels
     assert defaults.pop("deepseek-ocr-2") is False  # vLLM's DeepSeek-OCR 2: normalised pixels
+    assert defaults.pop("deepseek-ocr") is False  # and DeepSeek-OCR's
+    assert defaults.pop("qwen2-audio") is False  # float log-mel features: nothing to normalise
+    assert defaults.pop("qwen2.5-omni") is False  # vLLM's Qwen2.5-Omni: normalised pixels
     # vLLM's models for these take normalised pixels (no mm_device_do_normalize)
     for name in ("internvl", "llava-next", "llava-onevision"):
         assert defaults.pop(name) is False, name

@@ -1,5 +1,6 @@
-"""adapters/_stored.py: the shipped snapshots equal fresh ones, and a processor built from a
-snapshot behaves as the one built over the real HF processor, which it builds only on demand."""
+"""adapters/_stored.py: the shipped snapshots equal fresh ones, the store covers every
+architecture, and a processor built from a snapshot behaves as the one built over the real HF
+processor, which it builds only on demand."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from aiomm.adapters import build_processor, get_adapter_info
-from aiomm.adapters._store_update import builders, stored_names
+from aiomm.adapters import build_processor, get_adapter_info, supported_adapters
+from aiomm.adapters._store_update import BACKENDS, builders, stored_names
 from aiomm.adapters._stored import (
     STORE,
     StoredHFProcessor,
+    _versions,
     build_store,
     hf_class_name,
     offline_hf_processor,
@@ -36,13 +39,102 @@ PROMPTS = (
 )
 
 
-def test_the_shipped_store_equals_a_fresh_snapshot() -> None:
+SHIPPED = json.loads(STORE.read_text())
+#: every architecture is stored
+NAMES = [i.short_name for i in supported_adapters()]
+#: the architectures that take images (both image backends); the others take audio (one)
+IMAGE_NAMES = {
+    i.short_name
+    for i in supported_adapters()
+    if "image" in i.processor_cls.dummy_inputs.placeholders
+}
+
+
+def test_the_store_covers_every_architecture_and_these_versions() -> None:
     """Regenerate with ``python -P -m aiomm.adapters._store_update`` when this fails."""
-    shipped = json.loads(STORE.read_text())
-    fresh = json.loads(json.dumps(build_store(builders())))
-    assert shipped == fresh
-    assert "qwen2-vl/torchvision" in shipped["processors"]  # the embedded default
-    assert set(stored_names()) >= {"qwen2-vl", "qwen2.5-vl", "qwen3-vl"}
+    assert list(stored_names()) == NAMES
+    assert {"qwen2-vl", "gemma3", "deepseek-ocr", "llama-nemotron-vl-embed"} <= set(NAMES)
+    keys = {f"{name}/{backend}" for name in stored_names() for backend in BACKENDS}
+    assert set(SHIPPED["processors"]) == keys
+    assert SHIPPED["versions"] == _versions()
+    used = {spec["tokenizer"] for spec in SHIPPED["processors"].values()}
+    assert used == set(SHIPPED["tokenizers"])  # each stored once, none left over
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_shipped_snapshots_equal_fresh_ones(name: str) -> None:
+    """Regenerate with ``python -P -m aiomm.adapters._store_update`` when this fails."""
+    fresh = json.loads(
+        json.dumps(build_store(b for b in builders() if b[0].startswith(f"{name}/")))
+    )
+    for key, spec in fresh["processors"].items():
+        shipped = SHIPPED["processors"][key]
+        assert {**shipped, "tokenizer": None} == {**spec, "tokenizer": None}, key
+        tokenizer = SHIPPED["tokenizers"][shipped["tokenizer"]]
+        assert tokenizer == fresh["tokenizers"][spec["tokenizer"]], key
+
+
+def _items(name: str) -> tuple[str, dict[str, list[Any]]]:
+    """A prompt with two of the architecture's placeholders and its two items: images, or
+    for an audio-only one, clips (a second and a half of noise, a tone)."""
+    placeholders = get_adapter_info(name).processor_cls.dummy_inputs.placeholders
+    modality = "image" if "image" in placeholders else "audio"
+    text = f"look {placeholders[modality]} and {placeholders[modality]} here"
+    nrng = np.random.default_rng(11)
+    if modality == "image":
+        return text, {"image": [photo_like(nrng, 50, 70), photo_like(nrng, 130, 40)]}
+    tone = np.sin(np.arange(8000, dtype=np.float32) * 0.05).astype(np.float32)
+    return text, {"audio": [nrng.standard_normal(24000).astype(np.float32) * 0.1, tone]}
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [(n, b) for n in NAMES for b in (BACKENDS if n in IMAGE_NAMES else BACKENDS[:1])],
+)
+def test_the_native_path_of_a_snapshot_equals_the_real_processors(name: str, backend: str) -> None:
+    """Built by name, an architecture's processor serves the snapshot: its token ids, ranges,
+    items and routing plans equal those of the processor over the real HF processor, which
+    the native path never builds (with pixels normalised on the device; on the CPU too where
+    the snapshot restates the operation: the torchvision backend's own)."""
+    real_hf = get_adapter_info(name).build_hf_processor(backend=backend)
+    text, items = _items(name)
+    configs = [MultiModalConfig(mm_device_do_normalize=True)] if "image" in items else []
+    if backend == "torchvision":
+        configs.append(MultiModalConfig())  # the architecture's default
+    for config in configs:
+        stored = build_processor(name, backend=backend, config=config)
+        snapshot_hf = stored.hf_processor
+        assert isinstance(snapshot_hf, StoredHFProcessor)
+        real = build_processor(name, real_hf, config=config)
+        assert stored.allowed_hf_kwargs() == real.allowed_hf_kwargs()
+        tokens = snapshot_hf.tokenizer(text, add_special_tokens=False)
+        assert tokens == dict(real_hf.tokenizer(text, add_special_tokens=False))
+        ids = tokens["input_ids"]
+        ours, theirs = stored.apply(ids, items), real.apply(ids, items)
+        assert ours.prompt_token_ids == theirs.prompt_token_ids, config
+        assert ours.mm_placeholders == theirs.mm_placeholders, config
+        merged = ours.merged_kwargs()
+        for key, value in theirs.merged_kwargs().items():
+            assert torch.equal(merged[key], value), (config, key)
+        assert ours.normalization == theirs.normalization
+        for height, width in ((50, 70), (2000, 900)) if "image" in items else ():
+            plan, full = stored.plan_image(height, width, {}), real.plan_image(height, width, {})
+            assert plan.prompt_data == full.prompt_data
+            assert plan.data.keys() == full.data.keys()
+            assert all(torch.equal(plan.data[k], full.data[k]) for k in full.data)
+        image_processor = getattr(snapshot_hf, "image_processor", None)
+        restated = getattr(image_processor, "torchvision_operations", True)
+        if stored.device_normalize or restated:
+            assert not snapshot_hf.built, config
+    # what the adapters read of the tokenizer: special tokens, their ids, the vocabulary
+    stored_tokenizer, real_tokenizer = snapshot_hf.tokenizer, real_hf.tokenizer
+    for attribute in ("bos_token", "eos_token", "pad_token", "all_special_ids"):
+        assert getattr(stored_tokenizer, attribute) == getattr(real_tokenizer, attribute)
+    assert stored_tokenizer.get_vocab() == real_tokenizer.get_vocab()
+    specials = list(real_tokenizer.all_special_tokens)
+    assert stored_tokenizer.convert_tokens_to_ids(specials) == (
+        real_tokenizer.convert_tokens_to_ids(specials)
+    )
 
 
 @pytest.mark.parametrize("backend", ["torchvision", "pil"])
@@ -79,22 +171,25 @@ def test_build_processor_uses_the_snapshot_and_matches_the_real_processor(backen
 
 
 def test_paths_beyond_the_snapshot_build_the_real_processor() -> None:
-    """The classic CPU path normalises with the HF image processor's own operation and the
-    ``hf`` transform calls the HF processor: both build it, and equal the real one's output."""
+    """The classic CPU path normalises with the HF image processor's own operation, which the
+    snapshot restates for the torchvision backend only, and the ``hf`` transform calls the HF
+    processor: the others build it; all equal the real one's output."""
     image = photo_like(np.random.default_rng(3), 97, 140)
-    real_hf = get_adapter_info("qwen2-vl").build_hf_processor()
-    ids = real_hf.tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
-    for config in (
-        MultiModalConfig(mm_device_do_normalize=False),
-        MultiModalConfig(transform="hf"),
+    real_hfs = {b: get_adapter_info("qwen2-vl").build_hf_processor(backend=b) for b in BACKENDS}
+    ids = real_hfs["pil"].tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    for config, backend, builds in (
+        (MultiModalConfig(mm_device_do_normalize=False), "torchvision", False),
+        (MultiModalConfig(mm_device_do_normalize=False), "pil", True),
+        (MultiModalConfig(transform="hf"), "torchvision", True),
     ):
-        stored = build_processor("qwen2-vl", config=config)
+        stored = build_processor("qwen2-vl", config=config, backend=backend)
         assert not stored.hf_processor.built
         ours = stored.apply(ids, {"image": [image]}).merged_kwargs()
-        theirs = build_processor("qwen2-vl", real_hf, config=config)
-        assert stored.hf_processor.built
+        assert stored.hf_processor.built is builds, (config, backend)
+        theirs = build_processor("qwen2-vl", real_hfs[backend], config=config)
         for key, value in theirs.apply(ids, {"image": [image]}).merged_kwargs().items():
             assert torch.equal(ours[key], value), (config, key)
+    real_hf = real_hfs["torchvision"]
     # a copy (the hf path's per-thread clone) and a pickle are of the real processor
     stored = build_processor("qwen2-vl")
     assert type(copy.deepcopy(stored.hf_processor)) is type(real_hf)
@@ -129,7 +224,7 @@ def test_under_other_versions_the_first_build_keeps_a_snapshot_in_the_cache_fold
     assert type(build_processor("qwen2-vl", backend="pil").hf_processor).__name__ == (
         "Qwen2VLProcessor"
     )
-    assert offline_hf_processor("glm-4v/torchvision", lambda: None) is None
+    assert offline_hf_processor("unknown/torchvision", lambda: None) is None
     assert len(list(tmp_path.rglob("*.json"))) == 1
 
 

@@ -1,9 +1,11 @@
-"""Every registered architecture through the Engine, on both HF backends.
+"""Every registered architecture through the Engine, on both HF backends (audio adapters, whose
+reference has no image backend, on one).
 
 The fast path (the defaults: native transform, uint8 items, normalised by the device stage) must
 equal the reference path (``transform="hf"``, ``mm_device_do_normalize=False``: the HF processor's
 own CPU-normalised output) in token ids, placeholder ranges and every tensor, on a miss, a hit and
-a request mixing cached and uncached images; and cached output must equal uncached output on
+a request mixing cached and uncached items (encoded photos, or encoded clips for an adapter that
+takes audio); and cached output must equal uncached output on
 seeded random requests at several hit rates (the idea of vLLM's
 ``tests/models/multimodal/processing/test_common.py``).
 """
@@ -27,6 +29,25 @@ from aiomm.types import Request, Result
 
 ADAPTERS = [info.short_name for info in supported_adapters()]
 BACKENDS = ("torchvision", "pil")
+#: what each architecture's requests carry: images, else (an audio adapter) audios
+MODALITY = {
+    info.short_name: "image" if "image" in info.processor_cls.supported_modalities else "audio"
+    for info in supported_adapters()
+}
+#: (name, backend): both backends for an image adapter, one for an audio adapter
+NAME_BACKENDS = [
+    (name, backend)
+    for name in ADAPTERS
+    for backend in (BACKENDS if MODALITY[name] == "image" else BACKENDS[:1])
+]
+#: the clips an audio adapter's requests draw from: codecs, rates and channels vLLM reads
+_CLIPS = (
+    ("WAV", "PCM_16", 8000, 1),
+    ("WAV", "FLOAT", 22050, 2),
+    ("FLAC", "PCM_16", 44100, 2),
+    ("MP3", "MPEG_LAYER_III", 22050, 1),
+    ("OGG", "VORBIS", 48000, 2),
+)
 
 
 @pytest.fixture
@@ -34,14 +55,33 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _images(rng: random.Random, count: int) -> list[bytes]:
-    """Small encoded photos (JPEG and PNG, odd sizes): the engine's decode path runs too."""
+def _images(rng: random.Random, count: int, modality: str = "image") -> list[bytes]:
+    """Small encoded photos (JPEG and PNG, odd sizes), or short encoded clips of several codecs
+    and rates for ``modality="audio"``: the engine's decode path runs too."""
+    if modality == "audio":
+        from audio_samples import AudioCase, signal
+        from audio_samples import encode as encode_audio
+
+        clips = []
+        for _ in range(count):
+            fmt, subtype, rate, channels = rng.choice(_CLIPS)
+            seconds = rng.choice((0.05, 0.4, 1.3))
+            case = AudioCase("clip", fmt, subtype, rate, channels, seconds)
+            clips.append(encode_audio(case, signal(rate, channels, seconds, rng.randrange(99))))
+        return clips
     out = []
     for _ in range(count):
         h, w = rng.randint(30, 150), rng.randint(30, 150)
         image = photo_like(np.random.default_rng(rng.randrange(2**32)), h, w)
         out.append(encode(image, rng.choice(("JPEG", "PNG"))))
     return out
+
+
+def _request(name: str, prompt: str, items: list[Any]) -> Request:
+    """A request of ``items`` as the architecture takes them (images, or audios)."""
+    if MODALITY[name] == "audio":
+        return Request(prompt=prompt, audios=items)
+    return Request(prompt=prompt, images=items)
 
 
 def _engine(name: str, backend: str, *, reference: bool, cache: bool = True) -> Engine:
@@ -66,7 +106,8 @@ def _engine(name: str, backend: str, *, reference: bool, cache: bool = True) -> 
 
 
 def _prompt(engine: Engine, n: int) -> str:
-    placeholder = engine.processor.dummy_inputs.get_dummy_text({"image": 1})
+    modality = "image" if "image" in engine.processor.supported_modalities else "audio"
+    placeholder = engine.processor.dummy_inputs.get_dummy_text({modality: 1})
     return " ".join(["describe", *[f"the {placeholder}"] * n, "please"])
 
 
@@ -89,17 +130,16 @@ def assert_same(name: str, got: Result, want: Result) -> None:
             assert torch.equal(other, value), f"{name}: {key} (seed {SEED})"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ADAPTERS)
+@pytest.mark.parametrize(("name", "backend"), NAME_BACKENDS)
 async def test_fast_path_equals_reference_path(name: str, backend: str) -> None:
     rng = random.Random(f"{SEED}-{name}-{backend}")
-    a, b, c = _images(rng, 3)
+    a, b, c = _images(rng, 3, MODALITY[name])
     async with (
         _engine(name, backend, reference=False) as fast,
         _engine(name, backend, reference=True) as ref,
     ):
-        first = Request(prompt=_prompt(fast, 2), images=[a, b])
-        mixed = Request(prompt=_prompt(fast, 2), images=[b, c])
+        first = _request(name, _prompt(fast, 2), [a, b])
+        mixed = _request(name, _prompt(fast, 2), [b, c])
         for request, outcome in (
             (first, [CacheOutcome.MISS] * 2),
             (first, [CacheOutcome.HIT] * 2),
@@ -114,8 +154,8 @@ async def test_fast_path_equals_reference_path(name: str, backend: str) -> None:
 @pytest.mark.parametrize("name", ADAPTERS)
 async def test_cached_equals_uncached(name: str, hit_rate: float) -> None:
     rng = random.Random(f"{SEED}-{name}-{hit_rate}")
-    backend = rng.choice(BACKENDS)
-    pool = _images(rng, 3)
+    backend = rng.choice(BACKENDS) if MODALITY[name] == "image" else BACKENDS[0]
+    pool = _images(rng, 3, MODALITY[name])
     seen: list[bytes] = []
     async with (
         _engine(name, backend, reference=False) as cached,
@@ -127,9 +167,9 @@ async def test_cached_equals_uncached(name: str, hit_rate: float) -> None:
                 if seen and rng.random() < hit_rate:
                     images.append(rng.choice(seen))
                 else:
-                    images.append(pool.pop() if pool else _images(rng, 1)[0])
+                    images.append(pool.pop() if pool else _images(rng, 1, MODALITY[name])[0])
                     seen.append(images[-1])
-            request = Request(prompt=_prompt(cached, len(images)), images=images)
+            request = _request(name, _prompt(cached, len(images)), images)
             got, want = await cached.process(request), await uncached.process(request)
             assert want.cache == [CacheOutcome.UNCACHED] * len(images)
             assert_same(f"{name}/{backend} hit rate {hit_rate}", got, want)

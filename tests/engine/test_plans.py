@@ -4,7 +4,8 @@ and the PIL transform's token counts equal torchvision's in the parity tests): t
 ids, placeholder ranges, item ids and cache keys, or the same error, on seeded random images
 (formats, modes, EXIF orientations, animation, sizes from 1 px to 8K) and, where the
 architecture takes them, videos; with HF's decoding rule and with vLLM's, against the native
-transform and the HF processor's own."""
+transform and the HF processor's own. Audio has no plan of its own: an audio item is processed
+(and cached) by the plan, which then equals the full render too."""
 
 from __future__ import annotations
 
@@ -28,7 +29,17 @@ from aiomm.types import Request, Result
 from aiomm.vllm.media import VllmDecoder
 from aiomm.vllm.video_media import video_loader
 
-ADAPTERS = [info.short_name for info in supported_adapters()]
+#: the architectures that take images (an audio adapter's plan: test_audio_plan_...)
+ADAPTERS = [
+    info.short_name
+    for info in supported_adapters()
+    if "image" in info.processor_cls.supported_modalities
+]
+AUDIO_ADAPTERS = [
+    info.short_name
+    for info in supported_adapters()
+    if "audio" in info.processor_cls.supported_modalities
+]
 #: (architecture, backend) pairs the plan is compared on
 PAIRS = [(name, "torchvision") for name in ADAPTERS] + [(name, "pil") for name in ADAPTERS[::3]]
 #: (format, mode, save kwargs)
@@ -250,3 +261,24 @@ async def test_decoded_plans_wait_for_the_byte_budget() -> None:
     async with _engine("qwen2-vl", "torchvision") as engine:
         for k, plan in enumerate(plans):  # the stream keeps the requests' order
             _assert_same(plan, await engine.process(requests[k], device=False), k)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", AUDIO_ADAPTERS)
+async def test_audio_plan_equals_the_full_render(name: str) -> None:
+    from audio_samples import CASES, encode
+
+    clips = [encode(case) for case in CASES[:3]]
+    async with _engine(name, "torchvision", cache=True) as engine:
+        dummy = engine.processor.dummy_inputs
+        assert dummy is not None
+        text = dummy.get_dummy_text({"audio": 3})
+        request = Request(prompt=f"look: {text} and say", audios=clips)
+        plan = await engine.plan(request)
+        assert engine.stats().plans["processed"] == 3
+        assert plan.cache == [CacheOutcome.MISS] * 3
+        full = await engine.process(request, device=False)
+        assert full.cache == [CacheOutcome.HIT] * 3  # the plan processed and cached them
+        _assert_same(plan, full, name)
+        async with _engine(name, "torchvision", cache=False) as fresh:
+            _assert_same(plan, await fresh.process(request, device=False), name)

@@ -141,3 +141,35 @@ def test_every_architecture_on_ray_equals_the_engine(local_ray: None, name: str)
     assert all(w.ok for w in want), [w.error for w in want]
     for row, result in zip(got, want, strict=True):
         assert_row_equals(row, result)
+
+
+#: the stage's rows carry one modality: clips only for an adapter that takes no images
+#: (Qwen2.5-Omni's rows carry images, tested above)
+AUDIO_ONLY = [n for n in one_per_preprocessing("audio") if n not in one_per_preprocessing("image")]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", AUDIO_ONLY)
+def test_every_audio_architecture_on_ray_equals_the_engine(local_ray: None, name: str) -> None:
+    """Clips from the ``audio`` column (encoded bytes); a corrupt clip fails its row only."""
+    from audio_samples import CASES, encode
+
+    wav, flac, mp3 = (encode(CASES[i]) for i in (0, 8, 10))
+    rows = [
+        {"id": 0, "audio": [wav], "prompt": prompt_text(name, 1)},
+        {"id": 1, "audio": [flac, mp3], "prompt": prompt_text(name, 2)},
+        {"id": 2, "audio": [b"not audio at all"], "prompt": prompt_text(name, 1)},
+    ]
+    ds = ray.data.from_items(rows).map_batches(
+        ImagePreprocessor,
+        fn_constructor_kwargs={"model": name, "config": CONFIG, "keep_columns": ["id"]},
+        compute=ray.data.ActorPoolStrategy(size=1),
+        batch_size=3,
+    )
+    got = sorted(ds.take_all(), key=lambda r: r["id"])
+    requests = [Request(prompt=r["prompt"], audios=r["audio"]) for r in rows]
+    want = engine_results(CONFIG, requests, device=False, model=name)
+    assert [w.ok for w in want] == [True, True, False], [w.error for w in want]
+    assert got[2]["error"].startswith("AudioDecodeError")
+    for row, result in zip(got, want, strict=True):
+        assert_row_equals(row, result)

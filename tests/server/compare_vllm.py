@@ -14,6 +14,8 @@ compared as the golden fixtures are (``tests/support/render_compare.py``). It pr
 per status pair and every difference with the request's media; with ``--out`` each differing
 case is written as a golden fixture (``{"path", "body", "status", "response"}``, vLLM's answer)
 to move into ``tests/server/fixtures*/`` once understood. Exits 1 when anything differs.
+``--audios P`` makes that share of the requests chats with zero to two audio clips instead of
+images, for a model that takes audio (vLLM started with ``LIMIT_MM='{"audio": 2}'``).
 """
 
 from __future__ import annotations
@@ -122,6 +124,12 @@ def main() -> None:
         "--videos", type=float, default=0.0, help="share of chat requests with a clip"
     )
     parser.add_argument(
+        "--audios",
+        type=float,
+        default=0.0,
+        help="share of requests that are chats with 0-2 audio clips and no image",
+    )
+    parser.add_argument(
         "--none",
         type=float,
         help="the share of chat requests with mm_payload none (default: one in five)",
@@ -130,7 +138,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write each differing case here as a fixture")
     args = parser.parse_args()
 
-    requests = random_requests(args.seed, args.model, videos=args.videos, none=args.none)
+    requests = random_requests(
+        args.seed, args.model, videos=args.videos, none=args.none, audios=args.audios
+    )
     picked = (next(requests) for _ in range(args.n))
     t0 = time.monotonic()
     report = asyncio.run(compare(args.aiomm, args.vllm, picked, concurrency=args.concurrency))

@@ -277,3 +277,56 @@ RECORDED_MODEL_DEEPSEEK_OCR2 = "/tmp/vllm-probe/deepseek-ocr-2"
 live_server_deepseek_ocr2 = _registered_server(
     "live_server_deepseek_ocr2", "deepseek-ocr-2", RECORDED_MODEL_DEEPSEEK_OCR2
 )
+
+
+#: the path the DeepSeek-OCR fixtures' vLLM server was given (``fixtures_deepseek_ocr/``,
+#: recorded for ``aiomm serve deepseek-ocr``'s folder)
+RECORDED_MODEL_DEEPSEEK_OCR = "/tmp/vllm-probe/deepseek-ocr"
+
+
+live_server_deepseek_ocr = _registered_server(
+    "live_server_deepseek_ocr", "deepseek-ocr", RECORDED_MODEL_DEEPSEEK_OCR
+)
+
+
+#: the path the Qwen2-Audio fixtures' vLLM server was given (``fixtures_qwen2_audio/``,
+#: recorded for ``aiomm serve qwen2-audio``'s folder)
+RECORDED_MODEL_QWEN2_AUDIO = "/tmp/vllm-probe/qwen2-audio"
+
+
+live_server_qwen2_audio = _registered_server(
+    "live_server_qwen2_audio", "qwen2-audio", RECORDED_MODEL_QWEN2_AUDIO
+)
+
+
+#: the path the Qwen2.5-Omni fixtures' vLLM server was given (``fixtures_qwen2_5_omni/``,
+#: recorded for ``aiomm serve qwen2.5-omni``'s folder)
+RECORDED_MODEL_QWEN2_5_OMNI = "/tmp/vllm-probe/qwen2.5-omni"
+
+
+live_server_qwen2_5_omni = _registered_server(
+    "live_server_qwen2_5_omni", "qwen2.5-omni", RECORDED_MODEL_QWEN2_5_OMNI
+)
+
+
+#: the path the Kimi-K2.5 fixtures' vLLM server was given (``fixtures_kimi_k25/``, recorded for
+#: ``aiomm serve kimi-k2.5``'s folder with the processor cache off)
+RECORDED_MODEL_KIMI_K25 = "/tmp/vllm-probe/kimi-k2.5"
+
+
+@pytest.fixture(scope="module")
+def live_server_kimi_k25(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server for ``aiomm serve kimi-k2.5``'s folder with no item cache, as vLLM's was run for
+    the fixtures (it then names items by request-counter ids)."""
+    from aiomm.adapters.folders import write_model_folder
+
+    folder = write_model_folder("kimi-k2.5", tmp_path_factory.mktemp("live_server_kimi_k25"))
+    config = ServerConfig(
+        model=str(folder),
+        model_id=RECORDED_MODEL_KIMI_K25,
+        served_model_names=(RECORDED_MODEL_KIMI_K25,),
+        encode_on_send=False,
+        cache_bytes=0,
+    )
+    with LiveServer(config) as server:
+        yield server

@@ -64,12 +64,33 @@ server for the ``llava-onevision`` folder at ``/tmp/vllm-probe/llava-onevision``
 ...)`` folder at ``/tmp/vllm-probe/gemma4`` (``MM_CACHE_GB=0``, the default ``LIMIT_MM``,
 ``--digest``): Idefics3's image cases, ``chat_tiled_images``, ``chat_mm_none`` and the refused
 images.
+Its ``video_*`` cases and ``error_bad_video`` came on 2026-12-06 from a server for that folder
+with the chat template's ``<|video|>`` (``MM_CACHE_GB=0``, ``LIMIT_MM='{"image": 4, "video": 2}'``,
+``--digest``).
 ``fixtures_deepseek_ocr2/`` came on 2026-12-06 from a server for the
 ``write_model_folder("deepseek-ocr-2", ...)`` folder at ``/tmp/vllm-probe/deepseek-ocr-2``
 (``MM_CACHE_GB=0``, the default ``LIMIT_MM``, ``--digest``): the image cases, ``chat_tiled_images``,
 ``chat_mm_none`` and the refused images; its ``crop_modes/`` cases (their own bodies, with
 ``mm_processor_kwargs``) from a second server for that folder started with
 ``--trust-request-mm-kwargs``.
+``fixtures_deepseek_ocr/`` came on 2026-12-06 from a server for the
+``write_model_folder("deepseek-ocr", ...)`` folder at ``/tmp/vllm-probe/deepseek-ocr``
+(``MM_CACHE_GB=0``, the default ``LIMIT_MM``, ``--digest``): DeepSeek-OCR 2's cases.
+``fixtures_qwen2_audio/`` came on 2026-12-06 from a server for the
+``write_model_folder("qwen2-audio", ...)`` folder at ``/tmp/vllm-probe/qwen2-audio``
+(``MM_CACHE_GB=0``, ``LIMIT_MM='{"audio": 2}'``) with ``--audio --digest`` (:func:`audio_cases`;
+``error_audio_to_image_model`` left out), and ``fixtures/error_audio_to_image_model`` with
+``--audio --only error_audio_to_image_model`` from the Qwen2-VL server.
+``fixtures_qwen2_5_omni/`` came on 2026-12-06 from a server for the
+``write_model_folder("qwen2.5-omni", ...)`` folder at ``/tmp/vllm-probe/qwen2.5-omni``
+(``MM_CACHE_GB=0``, ``LIMIT_MM='{"image": 4, "video": 2, "audio": 2}'``, ``--digest``): a few
+image, video and ``--audio`` cases, and the ``omni_*`` cases and ``error_audio_too_short`` (an
+image and 100 samples of audio) posted with these helpers' clips, images and video.
+``fixtures_kimi_k25/`` came on 2026-12-06 from a freshly started server for the
+``write_model_folder("kimi-k2.5", ...)`` folder at ``/tmp/vllm-probe/kimi-k2.5``
+(``MM_CACHE_GB=0``, the default ``LIMIT_MM``, ``--digest``): DeepSeek-OCR 2's cases and
+``video_short``, ``error_one_of_two_images_bad`` last with ``--only`` (the server closes the
+connection after the video's 500).
 The video cases need the server started with videos allowed
 (``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded frames, a
 few codecs and containers).
@@ -172,7 +193,7 @@ DIGESTED = frozenset({"chat_phone_photo_48mp"})
 def _digested(response: Any) -> Any:
     import hashlib
 
-    data = response["features"]["kwargs_data"]
+    data = (response["features"] or {}).get("kwargs_data")  # none without items
     for modality, items in (data or {}).items():  # none with mm_payload "none"
         data[modality] = [
             None
@@ -933,6 +954,102 @@ def _conversion_cases(
     }
 
 
+#: the clips of the audio cases (``tests/support/audio_samples.py``): name -> (format of an
+#: ``input_audio`` part, MIME type of a data URL, the clip's case)
+AUDIO_CLIPS = {
+    "wav_16k_mono": ("wav", "audio/wav", ("WAV", "PCM_16", 16000, 1, 1.0)),
+    "wav_8k_stereo": ("wav", "audio/wav", ("WAV", "PCM_16", 8000, 2, 0.7)),
+    "wav_48k_short": ("wav", "audio/x-wav", ("WAV", "FLOAT", 48000, 1, 0.1)),
+    "flac_44k_stereo": ("flac", "audio/flac", ("FLAC", "PCM_16", 44100, 2, 0.5)),
+    "mp3_22k_mono": ("mp3", "audio/mpeg", ("MP3", "MPEG_LAYER_III", 22050, 1, 1.5)),
+    "ogg_48k_stereo": ("ogg", "audio/ogg", ("OGG", "VORBIS", 48000, 2, 1.2)),
+    "ogg_16k_60s": ("ogg", "audio/ogg", ("OGG", "VORBIS", 16000, 1, 60.0)),
+    "flac_22k_stereo": ("flac", "audio/flac", ("FLAC", "PCM_24", 22050, 2, 0.8)),
+}
+
+
+def audio_clips() -> dict[str, tuple[str, str, bytes]]:
+    """name -> (``input_audio`` format, MIME type, encoded bytes) of :data:`AUDIO_CLIPS`."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+    from audio_samples import AudioCase, encode, signal
+
+    out = {}
+    for seed, (name, (fmt, mime, (kind, subtype, rate, channels, seconds))) in enumerate(
+        AUDIO_CLIPS.items()
+    ):
+        case = AudioCase(name, kind, subtype, rate, channels, seconds)
+        out[name] = (fmt, mime, encode(case, signal(rate, channels, seconds, seed=seed)))
+    return out
+
+
+def audio_cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The audio cases (``--audio``): recorded from a server for the ``qwen2-audio`` folder
+    with ``LIMIT_MM='{"audio": 2}'`` but ``error_audio_to_image_model``, which is recorded from
+    an image model's server (vLLM refuses the clip: the model takes none)."""
+    clips = audio_clips()
+
+    def data(name: str) -> str:
+        return base64.b64encode(clips[name][2]).decode()
+
+    def clip(name: str, **extra: Any) -> dict[str, Any]:
+        fmt = clips[name][0]
+        return {"type": "input_audio", "input_audio": {"data": data(name), "format": fmt}, **extra}
+
+    def url(name: str, **extra: Any) -> dict[str, Any]:
+        link = f"data:{clips[name][1]};base64,{data(name)}"
+        return {"type": "audio_url", "audio_url": {"url": link}, **extra}
+
+    def chat(*messages: dict[str, Any], **extra: Any) -> tuple[str, dict[str, Any]]:
+        return "/v1/chat/completions/render", {"model": model, "messages": list(messages), **extra}
+
+    def user(*parts: dict[str, Any]) -> dict[str, Any]:
+        return {"role": "user", "content": list(parts)}
+
+    ask = {"type": "text", "text": "What do you hear?"}
+    corrupt = base64.b64encode(bytes(range(256)) * 16).decode()
+    photo = images()["jpeg"]
+    return {
+        "audio_wav_16k_mono": chat(user(ask, clip("wav_16k_mono"))),
+        "audio_wav_8k_stereo_url": chat(user(url("wav_8k_stereo"), ask)),
+        "audio_wav_48k_short": chat(user(ask, clip("wav_48k_short"))),
+        "audio_flac_44k_stereo": chat(user(ask, clip("flac_44k_stereo"))),
+        "audio_mp3_22k_mono_url": chat(user(ask, url("mp3_22k_mono"))),
+        "audio_ogg_48k_stereo": chat(user(ask, clip("ogg_48k_stereo"))),
+        "audio_ogg_60s": chat(user(ask, url("ogg_16k_60s"))),
+        "audio_flac_22k_stereo_url": chat(user(url("flac_22k_stereo"))),
+        "audio_two_clips": chat(
+            user({"type": "text", "text": "Compare."}, clip("mp3_22k_mono"), url("wav_8k_stereo"))
+        ),
+        "audio_multi_turn": chat(
+            {"role": "system", "content": "You transcribe."},
+            user(ask, clip("wav_16k_mono")),
+            {"role": "assistant", "content": "A chirp and a tone."},
+            user({"type": "text", "text": "And this?"}, url("flac_44k_stereo")),
+        ),
+        "audio_uuid": chat(user(ask, clip("ogg_48k_stereo", uuid="clip-7"))),
+        "audio_mm_none": chat(
+            user(ask, clip("wav_8k_stereo"), url("ogg_48k_stereo")), mm_payload="none"
+        ),
+        "audio_text_only": chat(user(ask)),
+        "error_audio_corrupt": chat(
+            user(ask, {"type": "input_audio", "input_audio": {"data": corrupt, "format": "wav"}})
+        ),
+        "error_audio_one_of_two_corrupt": chat(
+            user(
+                ask,
+                clip("wav_16k_mono"),
+                {"audio_url": {"url": f"data:audio/wav;base64,{corrupt}"}},  # no type: by its key
+            )
+        ),
+        "error_image_to_audio_model": chat(
+            user(ask, {"type": "image_url", "image_url": {"url": data_url(photo)}})
+        ),
+        "error_audio_to_image_model": chat(user(ask, clip("wav_16k_mono"))),
+    }
+
+
 def main() -> None:
     import httpx
 
@@ -944,10 +1061,12 @@ def main() -> None:
     parser.add_argument(
         "--digest", action="store_true", help="record every case's items as digests (DIGESTED)"
     )
+    parser.add_argument("--audio", action="store_true", help="the audio cases (audio_cases)")
     args = parser.parse_args()
     args.out.mkdir(exist_ok=True)
+    recorded = audio_cases(args.model) if args.audio else cases(args.model)
     with httpx.Client(base_url=args.url, timeout=120) as client:
-        for name, (path, body) in cases(args.model).items():
+        for name, (path, body) in recorded.items():
             if args.only and name not in args.only:
                 continue
             resp = client.post(path, json=body)

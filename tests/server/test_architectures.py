@@ -44,7 +44,13 @@ from aiomm.vllm.wire import Field, TensorValue, decode_item
 
 sys.path.insert(0, str(Path(__file__).parent))  # the upstream stand-in, as test_gateway does
 
-ADAPTERS = [info.short_name for info in supported_adapters()]
+#: the architectures that take images (an audio architecture's renders are checked by its
+#: golden fixtures)
+ADAPTERS = [
+    info.short_name
+    for info in supported_adapters()
+    if "image" in info.processor_cls.supported_modalities
+]
 #: (height, width) of the three test images: small, odd, one wider than tall
 SIZES = ((37, 52), (64, 41), (50, 50))
 #: the processors' per-token text outputs (not items)
@@ -144,8 +150,10 @@ class Reference:
     def image_token_id(self) -> int:
         if getattr(self.info.processor_cls, "has_hf_transform", True):
             return int(self.processor.image_token_id)
-        if self.info.short_name == "deepseek-ocr-2":
+        if self.info.short_name in ("deepseek-ocr-2", "deepseek-ocr"):
             return int(self.tokenizer.convert_tokens_to_ids("<image>"))
+        if self.info.short_name == "kimi-k2.5":
+            return int(self.tokenizer.convert_tokens_to_ids("<|media_pad|>"))
         return int(self.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"))
 
     def __call__(
@@ -158,11 +166,11 @@ class Reference:
         )
         # decoded as vLLM's loader does for RGB PNGs and JPEGs: plain RGB
         pil = [PIL.Image.open(io.BytesIO(d)).convert("RGB") for d in images]
-        if self.info.short_name == "deepseek-ocr-2":
+        if self.info.short_name in ("deepseek-ocr-2", "deepseek-ocr"):
             # vLLM runs its own processor: the independent re-statement, each <image> repeated
             from deepseek_ocr_reference import reference_outputs as deepseek_outputs
 
-            ref = deepseek_outputs(pil)
+            ref = deepseek_outputs(pil, strategy=self.processor.strategy)
             image_id = self.image_token_id()
             counts, ids = iter(ref["tokens"]), []
             for t in self.tokenizer.encode(text, add_special_tokens=False):
@@ -171,6 +179,19 @@ class Reference:
                 "images_crop": ref["images_crop"],
                 "pixel_values": ref["float"] if normalized else ref["uint8"],
                 "images_spatial_crop": ref["images_spatial_crop"],
+            }
+        if self.info.short_name == "kimi-k2.5":
+            # vLLM runs its own processor: the independent re-statement, each pad repeated
+            from kimi_reference import reference_outputs as kimi_outputs
+
+            ref = kimi_outputs(pil)
+            pad = self.image_token_id()
+            counts, ids = iter(ref["tokens"]), []
+            for t in self.tokenizer.encode(text, add_special_tokens=False):
+                ids.extend([t] * next(counts) if t == pad else [t])
+            return ids, {
+                "pixel_values": ref["float"] if normalized else ref["uint8"],
+                "grid_thws": ref["grid_thws"],
             }
         if not getattr(self.info.processor_cls, "has_hf_transform", True):
             # Llama Nemotron VL: no transformers processor; the independent re-statement
@@ -249,10 +270,17 @@ def _reference_item(
     return row
 
 
+def _wire_modality(name: str) -> str:
+    """The modality vLLM's render server names the model's image items by (Kimi-K2.5's:
+    ``vision_chunk``)."""
+    return WireForm.of(build_processor(name)).modality_names.get("image", "image")
+
+
 def _check_render(
     response: dict[str, Any], images: list[bytes], reference: Reference, name: str
 ) -> list[str]:
-    items = response["features"]["kwargs_data"]["image"]
+    modality = _wire_modality(name)
+    items = response["features"]["kwargs_data"][modality]
     # uint8 pixels: the server defers rescaling and normalisation to the model's device
     deferred = any(
         isinstance(v, TensorValue) and v.dtype == "uint8"
@@ -262,7 +290,7 @@ def _check_render(
     ids, outputs = reference(images, normalized=not deferred)
     assert response["token_ids"] == ids, name
     features = response["features"]
-    ranges = features["mm_placeholders"]["image"]
+    ranges = features["mm_placeholders"][modality]
     assert len(ranges) == len(images), name
     image_token = reference.image_token_id()
     covered = set()
@@ -305,7 +333,7 @@ def _check_render(
             assert got.dtype == want.dtype, f"{name}: {key} dtype {got.dtype} != {want.dtype}"
             assert got.shape == want.shape, f"{name}: {key} shape {got.shape} != {want.shape}"
             assert torch.equal(got, want), f"{name}: item {i} {key} differs"
-    hashes = features["mm_hashes"]["image"]
+    hashes = features["mm_hashes"][modality]
     assert len(set(hashes)) == len(images), name
     return list(hashes)
 
@@ -348,7 +376,8 @@ def test_chat_render_equals_the_reference_processor(name: str, folders: Folders)
         assert {**whole.json(), "request_id": ""} == {**two.json(), "request_id": ""}, name
         again = client.post("/v1/chat/completions/render", json=_body([IMAGES[2], IMAGES[0]]))
         assert again.status_code == 200, again.text
-        assert again.json()["features"]["mm_hashes"]["image"] == [hashes[1], hash_a], name
+        modality = _wire_modality(name)
+        assert again.json()["features"]["mm_hashes"][modality] == [hashes[1], hash_a], name
         # the Responses and Anthropic endpoints render the same request to the same features
         for path, body in (
             ("/v1/responses/render", _responses_body(IMAGES[1:3])),
@@ -371,7 +400,7 @@ def test_chat_render_equals_the_reference_processor(name: str, folders: Folders)
         features = bare.json()["features"]
         assert bare.json()["token_ids"] == two.json()["token_ids"], name
         assert features["mm_placeholders"] == two.json()["features"]["mm_placeholders"], name
-        assert features["mm_hashes"]["image"] == hashes, name
+        assert features["mm_hashes"][modality] == hashes, name
         assert features["kwargs_data"] is None, name
 
 
@@ -403,7 +432,7 @@ def test_gateway_with_the_official_client(name: str, folders: Folders) -> None:
         assert out.choices[0].finish_reason == "stop"
         body = standin.seen[-1]
         assert validate(body, image_token_id=image_token, runs=False) == [], name
-        assert len(body["features"]["mm_placeholders"]["image"]) == 2
+        assert len(body["features"]["mm_placeholders"][_wire_modality(name)]) == 2
         assert out.usage.prompt_tokens == len(body["token_ids"])
         assert out.usage.completion_tokens == len(script)
         stream = client.chat.completions.create(

@@ -4,7 +4,9 @@ patch (Qwen3-VL, GLM-4V, GLM-OCR) are the client's fault, a 400 with the OpenAI 
 names the error, what was wrong and which item, never a 500.
 
 vLLM 0.33's render server answers 400 to each (measured for Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
-GLM-4V, GLM-OCR and Mistral 3; the aspect-ratio case is the golden fixture
+GLM-4V, GLM-OCR, Mistral 3, and Qwen2-Audio for a clip of one feature frame, at most 160
+samples at 16 kHz: "too short to be represented inside the model"; the aspect-ratio case is the
+golden fixture
 ``fixtures/error_image_aspect_ratio.json``). Every registered architecture is either covered here
 or listed as one whose processor refuses none of these items.
 """
@@ -28,18 +30,21 @@ from starlette.testclient import TestClient
 
 from aiomm.adapters import supported_adapters
 from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
-from aiomm.adapters.deepseek_ocr import DeepseekOCR2Processor
+from aiomm.adapters.deepseek_ocr import DeepseekOCRProcessor
 from aiomm.adapters.folders import write_model_folder
 from aiomm.adapters.gemma import Gemma3MultiModalProcessor
 from aiomm.adapters.gemma4 import Gemma4MultiModalProcessor
 from aiomm.adapters.glm import Glm5NextMultiModalProcessor, GlmVMultiModalProcessor
 from aiomm.adapters.idefics3 import Idefics3MultiModalProcessor
 from aiomm.adapters.internvl import InternVLMultiModalProcessor
+from aiomm.adapters.kimi_k25 import KimiK25MultiModalProcessor
 from aiomm.adapters.llama4 import Llama4MultiModalProcessor
 from aiomm.adapters.llava import LlavaNextMultiModalProcessor, LlavaOnevisionMultiModalProcessor
 from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
 from aiomm.adapters.paddleocr_vl import PaddleOCRVLMultiModalProcessor
+from aiomm.adapters.qwen2_audio import Qwen2AudioMultiModalProcessor
+from aiomm.adapters.qwen_omni import QwenOmniProcessor
 from aiomm.adapters.qwen_vl import QWEN3, QwenVLProcessor
 from aiomm.adapters.registry import AdapterInfo
 from aiomm.server import ServerConfig, create_app
@@ -61,7 +66,8 @@ ACCEPTING = (
     Llama4MultiModalProcessor,
     Idefics3MultiModalProcessor,
     Gemma4MultiModalProcessor,  # any aspect ratio: a thin side becomes 48 px
-    DeepseekOCR2Processor,
+    DeepseekOCRProcessor,
+    KimiK25MultiModalProcessor,  # any shape: each side at least 1 px, padded to 28
 )
 
 
@@ -90,6 +96,19 @@ def _image(data: bytes) -> dict[str, object]:
 
 def _video(data: bytes) -> dict[str, object]:
     return _part("video_url", "video/mp4", data)
+
+
+def _wav(samples: int) -> bytes:
+    import soundfile
+
+    buf = io.BytesIO()
+    wave = 0.3 * np.sin(np.arange(samples, dtype=np.float32) / 7)
+    soundfile.write(buf, wave, 16000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def _audio(data: bytes) -> dict[str, object]:
+    return _part("audio_url", "audio/wav", data)
 
 
 def _body(*parts: dict[str, object]) -> dict[str, object]:
@@ -125,9 +144,16 @@ ONE_FRAME_GLM = Refusal("one sampled frame", lambda: _video(_mp4(8, 32, 32, 10))
                         "TooFewFramesError", "video", "1 sampled frame(s)")  # fmt: skip
 
 
+#: 161 samples at 16 kHz: two feature frames, which the audio encoder turns into no token
+SHORT_AUDIO = Refusal("too short audio", lambda: _audio(_wav(161)), "ItemRejectedError", "audio",
+                      "2 feature frame(s) are too short")  # fmt: skip
+
+
 def refusals(info: AdapterInfo) -> list[Refusal]:
     """The items ``info``'s processor refuses (none for :data:`ACCEPTING`)."""
     cls = info.processor_cls
+    if cls is QwenOmniProcessor:  # Qwen2-VL images and videos, Qwen2-Audio's token rule
+        return [THIN_IMAGE, THIN_VIDEO, SHORT_AUDIO]
     if cls is QwenVLProcessor:
         timestamps = info.build_hf_processor is QWEN3  # Qwen3VLVideoProcessor
         return [THIN_IMAGE, THIN_VIDEO, *([ONE_FRAME_QWEN3] if timestamps else [])]
@@ -137,6 +163,8 @@ def refusals(info: AdapterInfo) -> list[Refusal]:
         return [EMPTY_RESIZE]
     if cls is PaddleOCRVLMultiModalProcessor:  # images only; 200 after scaling thin sides up
         return [THIN_IMAGE]
+    if cls is Qwen2AudioMultiModalProcessor:
+        return [SHORT_AUDIO]
     return []
 
 
@@ -159,7 +187,8 @@ def test_a_refused_item_is_a_400_naming_it(name: str, folders: Path) -> None:
     from aiomm.adapters import get_adapter_info
 
     folder = write_model_folder(name, folders / name)
-    good = _image(_png(40, 52, seed=1))
+    takes_images = "image" in get_adapter_info(name).processor_cls.supported_modalities
+    good = _image(_png(40, 52, seed=1)) if takes_images else _audio(_wav(16000))
     with TestClient(create_app(ServerConfig(model=str(folder)))) as client:
         for refusal in refusals(get_adapter_info(name)):
             # a good image first: the refused item is item 1 (images, then videos)

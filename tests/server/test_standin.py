@@ -249,10 +249,12 @@ def test_the_standin_refuses_malformed_requests(served: Served) -> None:
     assert image_token is not None, served.name
     assert body["token_ids"].count(image_token) > 0, "the model's image token, from its config"
 
+    # the images' modality as rendered ("vision_chunk" for Kimi-K2.5)
+    modality = next(iter(body["features"]["mm_placeholders"]))
     extra_image_token = copy.deepcopy(body)
     covered = {
         i
-        for r in body["features"]["mm_placeholders"]["image"]
+        for r in body["features"]["mm_placeholders"][modality]
         for i in range(r["offset"], r["offset"] + r["length"])
     }
     outside = min(set(range(len(body["token_ids"]))) - covered)
@@ -260,13 +262,13 @@ def test_the_standin_refuses_malformed_requests(served: Served) -> None:
     _refused(served, extra_image_token, "outside every placeholder")
 
     short = copy.deepcopy(body)
-    (first,) = short["features"]["mm_placeholders"]["image"]
-    short["features"]["mm_placeholders"]["image"] = [{**first, "length": first["length"] - 1}]
+    (first,) = short["features"]["mm_placeholders"][modality]
+    short["features"]["mm_placeholders"][modality] = [{**first, "length": first["length"] - 1}]
     if body["token_ids"][first["offset"] + first["length"] - 1] == image_token:
         _refused(served, short, "")  # an image token left outside (or a grid giving more)
 
     unhashed = copy.deepcopy(body)
-    unhashed["features"]["mm_hashes"]["image"] = []
+    unhashed["features"]["mm_hashes"][modality] = []
     _refused(served, unhashed, "placeholders but 0 mm_hashes")
 
     out_of_vocab = copy.deepcopy(body)

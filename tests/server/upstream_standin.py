@@ -117,7 +117,8 @@ def _validate_features(
             ):
                 errors.append(f"bad placeholder {r}")
                 continue
-            pad = image_token_id if modality == "image" else PADS.get(modality)
+            # (Kimi-K2.5's images are vLLM's vision_chunk items)
+            pad = image_token_id if modality in ("image", "vision_chunk") else PADS.get(modality)
             inside = ids[off : off + length]
             if off + length > len(ids) or pad not in inside:
                 errors.append(f"placeholder {r} holds no {modality} token inside token_ids")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import deepseek_ocr_reference as deepseek_ocr
+import kimi_reference as kimi
 import nemotron_vl_reference as nemotron
 import numpy as np
 import parity
@@ -38,12 +39,13 @@ from parity import SEED, hf_processor, rel_err
 
 from aiomm.adapters import AdapterInfo, build_processor, get_adapter_info, supported_adapters
 from aiomm.adapters.chameleon import ChameleonMultiModalProcessor
-from aiomm.adapters.deepseek_ocr import DeepseekOCR2Processor
+from aiomm.adapters.deepseek_ocr import DeepseekOCRProcessor
 from aiomm.adapters.gemma import Gemma3MultiModalProcessor
 from aiomm.adapters.gemma4 import Gemma4MultiModalProcessor
 from aiomm.adapters.glm import GlmVMultiModalProcessor
 from aiomm.adapters.idefics3 import Idefics3MultiModalProcessor
 from aiomm.adapters.internvl import InternVLMultiModalProcessor
+from aiomm.adapters.kimi_k25 import KimiK25MultiModalProcessor
 from aiomm.adapters.llama4 import Llama4MultiModalProcessor
 from aiomm.adapters.llava import (
     LLAVA_NEXT_PINPOINTS,
@@ -54,12 +56,25 @@ from aiomm.adapters.llava import (
 from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
 from aiomm.adapters.paddleocr_vl import PaddleOCRVLMultiModalProcessor
+from aiomm.adapters.qwen2_audio import Qwen2AudioMultiModalProcessor
+from aiomm.adapters.qwen_omni import QwenOmniProcessor
 from aiomm.adapters.qwen_vl import QwenVLProcessor
 from aiomm.adapters.smolvlm import SmolVLMMultiModalProcessor
 from aiomm.media.samples import photo_like
 from aiomm.processing.processor import MultiModalConfig
 
-__all__ = ("FAMILIES", "Family", "Reference", "cases", "check_case", "family_of", "prompt_text")
+__all__ = (
+    "AUDIO_FAMILIES",
+    "FAMILIES",
+    "AudioFamily",
+    "Family",
+    "Reference",
+    "cases",
+    "check_audio_case",
+    "check_case",
+    "family_of",
+    "prompt_text",
+)
 
 BACKENDS = ("torchvision", "pil")
 #: the relative error allowed between device-normalised uint8 pixels and the reference's floats
@@ -155,10 +170,10 @@ def _nemotron_reference(
 def _deepseek_ocr_reference(
     params: Any, text: str, images: list[Any], kwargs: dict[str, Any]
 ) -> Reference:
-    """vLLM's DeepSeek-OCR 2 processing restated (``deepseek_ocr_reference``): the global views
-    as ``pixel_values``, the local views (normalised on the host) and grids as fields, each
-    ``<image>`` repeated to the image's token count."""
-    ref = deepseek_ocr.reference_outputs(images, **kwargs)
+    """vLLM's DeepSeek-OCR (v1) or OCR 2 processing restated (``deepseek_ocr_reference``, the
+    strategy of ``params``): the global views as ``pixel_values``, the local views (normalised
+    on the host) and grids as fields, each ``<image>`` repeated to the image's token count."""
+    ref = deepseek_ocr.reference_outputs(images, strategy=params.strategy, **kwargs)
     tok = params.tokenizer
     image_id = tok.convert_tokens_to_ids("<image>")
     ids, counts = [], iter(ref["tokens"])
@@ -174,6 +189,25 @@ def _deepseek_ocr_reference(
         },
         range_tokens=frozenset({image_id}),
         embed_token=image_id,
+    )
+
+
+def _kimi_reference(proc: Any, text: str, images: list[Any], kwargs: dict[str, Any]) -> Reference:
+    """vLLM's Kimi-K2.5 processing restated (``kimi_reference``): the patches and ``grid_thws``,
+    each ``<|media_pad|>`` repeated to the image's token count."""
+    assert not kwargs, "vLLM's Kimi-K2.5 processor takes no image kwargs"
+    ref = kimi.reference_outputs(images)
+    media = proc.tokenizer.convert_tokens_to_ids("<|media_pad|>")
+    ids, counts = [], iter(ref["tokens"])
+    for t in proc.tokenizer(text)["input_ids"]:
+        ids.extend([t] * next(counts) if t == media else [t])
+    return Reference(
+        input_ids=ids,
+        pixel_values_u8=ref["uint8"],
+        pixel_values=ref["float"],
+        fields={"grid_thws": ref["grid_thws"]},
+        range_tokens=frozenset({media}),
+        embed_token=media,
     )
 
 
@@ -314,6 +348,14 @@ FAMILIES: dict[type, Family] = {
         large_sizes=_LARGE,
         max_aspect=200,  # smart_resize rejects aspect ratios above 200
     ),
+    # Qwen2.5-Omni's images (its audio: tests/adapters/test_qwen_omni.py)
+    QwenOmniProcessor: Family(
+        reference=_hf_reference(["image_grid_thw"], lambda p: [p.image_token_id]),
+        layout="PATCHES",
+        sizes=(*_SMALL, (32, 32), (90, 610)),
+        large_sizes=_LARGE,
+        max_aspect=200,  # smart_resize rejects aspect ratios above 200
+    ),
     GlmVMultiModalProcessor: Family(  # GLM-4V, GLM-OCR and GLM-5-Next
         # mm_token_type_ids (not compared) would make numpy warn about torch's __array__
         reference=_hf_reference(
@@ -365,14 +407,23 @@ FAMILIES: dict[type, Family] = {
         large_sizes=(*_LARGE, (3000, 800)),
         inside=_inside_patches(ONEVISION_PINPOINTS),
     ),
-    DeepseekOCR2Processor: Family(
+    DeepseekOCRProcessor: Family(
         reference=_deepseek_ocr_reference,
         layout="NCHW",
-        # 768 multiples and around them: tiled or not, grid ties; odd widths centre by rounding
-        sizes=(*_SMALL, (768, 768), (769, 768), (768, 1536), (1025, 333), (20, 2000)),
+        # 640 and 768 multiples and around them (DeepSeek-OCR's and OCR 2's local views): tiled
+        # or not, grid ties; odd widths centre by rounding
+        sizes=(*_SMALL, (640, 641), (768, 768), (769, 768), (768, 1536), (1025, 333), (20, 2000)),
         large_sizes=(*_LARGE, (2339, 1654)),
         random_side=1400,
         backends=("pil",),  # no HF processor: one (PIL) transform
+    ),
+    KimiK25MultiModalProcessor: Family(
+        reference=_kimi_reference,
+        layout="NCHW",
+        # around the 16384-patch budget and the 512-patch side limit (7168 px)
+        sizes=(*_SMALL, (28, 29), (7200, 10), (10, 9000)),
+        large_sizes=(*_LARGE, (1792, 1792), (1793, 2000)),
+        backends=("pil",),  # no HF transform: one (PIL) transform
     ),
     LlamaNemotronVLProcessor: Family(
         reference=_nemotron_reference,
@@ -441,14 +492,120 @@ FAMILIES: dict[type, Family] = {
 }
 
 
-def family_of(info: AdapterInfo) -> Family:
-    """The :class:`Family` of an adapter's processor class (looked up along its MRO).
+# -------------------------------------------------------------------------- audio families
+
+
+@dataclass(frozen=True)
+class AudioFamily:
+    """How the harness draws clips for an audio processor class (encoded in several codecs,
+    decoded and resampled as vLLM's loader does) and calls its reference. Audio has no image
+    backend: one ``backends`` entry."""
+
+    #: ``reference(reference_processor, text, waveforms) -> BatchFeature`` (``input_ids`` and
+    #: the feature fields)
+    reference: Callable[[Any, str, list[np.ndarray]], Any]
+    #: the fields compared bit for bit with the reference's
+    fields: tuple[str, ...]
+    #: ``(format, subtype, rate, channels)``: soundfile formats (``audio_samples.AudioCase``)
+    clips: tuple[tuple[str, str, int, int], ...]
+    seconds: tuple[float, ...]
+    long_seconds: tuple[float, ...]
+    backends: tuple[str, ...] = ("torchvision",)
+    placeholder_words: tuple[str, str] = ("user", "assistant")
+
+
+def _qwen2_audio_reference(proc: Any, text: str, waveforms: list[np.ndarray]) -> Any:
+    """``Qwen2AudioProcessor`` called as vLLM's processor calls it."""
+    rate = proc.feature_extractor.sampling_rate
+    return proc(
+        text=[text], audio=waveforms, sampling_rate=rate, truncation=True, return_tensors="pt"
+    )
+
+
+#: every codec libsndfile reads for vLLM, rates 8 to 48 kHz, mono and stereo
+_AUDIO_CLIPS = (
+    ("WAV", "PCM_16", 8000, 1), ("WAV", "PCM_16", 16000, 2), ("WAV", "FLOAT", 22050, 1),
+    ("WAV", "PCM_24", 48000, 2), ("WAV", "PCM_U8", 11025, 1), ("FLAC", "PCM_16", 44100, 2),
+    ("FLAC", "PCM_24", 16000, 1), ("MP3", "MPEG_LAYER_III", 44100, 2),
+    ("MP3", "MPEG_LAYER_III", 22050, 1), ("OGG", "VORBIS", 48000, 2),
+    ("OGG", "VORBIS", 16000, 1), ("OGG", "OPUS", 48000, 1),
+)  # fmt: skip
+
+AUDIO_FAMILIES: dict[type, AudioFamily] = {
+    Qwen2AudioMultiModalProcessor: AudioFamily(
+        reference=_qwen2_audio_reference,
+        fields=("input_features", "feature_attention_mask"),
+        clips=_AUDIO_CLIPS,
+        # 0.1 s to a few seconds; 30 s chunks: exactly one, just under and over (cut), 60 s
+        seconds=(0.1, 0.37, 1.0, 2.71, 6.0),
+        long_seconds=(29.99, 30.0, 31.3, 60.0),
+    ),
+}
+
+
+def check_audio_case(name: str, n_clips: int, case_seed: int, *, large: bool = False) -> None:
+    """One seeded audio case of adapter ``name``: ``n_clips`` clips drawn from the family's
+    codecs and durations, decoded to the feature extractor's rate with vLLM's loader
+    (:func:`aiomm.media.audio.decode_audio`); for each of our transforms, token ids equal the
+    reference's, one placeholder range per clip covers exactly the reference's audio tokens
+    (every one an embedding), and each field equals the reference's bit for bit."""
+    from audio_samples import AudioCase, signal
+    from audio_samples import encode as encode_audio
+
+    from aiomm.media.audio import decode_audio
+
+    info = get_adapter_info(name)
+    fam = family_of(info)
+    assert isinstance(fam, AudioFamily)
+    rng = random.Random(case_seed)
+    durations = fam.seconds + (fam.long_seconds if large else ())
+    proc = hf_processor(name)
+    rate = int(proc.feature_extractor.sampling_rate)
+    drawn, waveforms = [], []
+    for _ in range(n_clips):
+        fmt, subtype, clip_rate, channels = rng.choice(fam.clips)
+        seconds = rng.choice(durations)
+        case = AudioCase("clip", fmt, subtype, clip_rate, channels, seconds)
+        data = encode_audio(case, signal(clip_rate, channels, seconds, rng.randrange(2**16)))
+        drawn.append(f"{fmt}/{subtype} {clip_rate} Hz x{channels} {seconds} s")
+        waveforms.append(decode_audio(data, target_rate=rate))
+    ctx = f"[{name} seed={case_seed} (run seed {SEED}) clips={drawn}]"
+
+    text = prompt_text(name, n_clips)
+    ref = fam.reference(proc, text, waveforms)
+    ref_ids = ref["input_ids"][0].tolist()
+    prompt_ids = proc.tokenizer(text)["input_ids"]
+    audio_token = int(proc.audio_token_id)
+    expected = [i for i, t in enumerate(ref_ids) if t == audio_token]
+    for mode in _modes(info):
+        out = build_processor(name, proc, config=MultiModalConfig(transform=mode)).apply(
+            prompt_ids, {"audio": waveforms}
+        )
+        where = f"{ctx} {mode}"
+        assert out.prompt_token_ids == ref_ids, f"{where}: token ids differ"
+        ranges = out.mm_placeholders["audio"]
+        assert len(ranges) == n_clips, f"{where}: {len(ranges)} ranges"
+        covered = [r.offset + j for r in ranges for j in range(r.length)]
+        assert covered == expected, f"{where}: placeholder ranges"
+        assert all(r.is_embed is None for r in ranges), f"{where}: is_embed"
+        merged = out.merged_kwargs()
+        for key in fam.fields:
+            got, want = merged[key], ref[key]
+            assert got.dtype == want.dtype and got.shape == want.shape, f"{where}: {key}"
+            assert torch.equal(got, want), f"{where}: {key} differs"
+
+
+def family_of(info: AdapterInfo) -> Family | AudioFamily:
+    """The :class:`Family` (or :class:`AudioFamily`) of an adapter's processor class (looked up
+    along its MRO).
 
     :raises LookupError: for a processor class no family covers.
     """
     for cls in info.processor_cls.__mro__:
         if cls in FAMILIES:
             return FAMILIES[cls]
+        if cls in AUDIO_FAMILIES:
+            return AUDIO_FAMILIES[cls]
     raise LookupError(
         f"{info.processor_cls.__qualname__} ({info.short_name}) has no Family in "
         "tests/support/adapter_parity.py: add how to draw images for it and call its reference"
@@ -463,9 +620,11 @@ def cases() -> Iterator[tuple[str, str]]:
 
 
 def prompt_text(name: str, n_images: int) -> str:
-    """A one-turn prompt with ``n_images`` of the adapter's placeholders between words."""
+    """A one-turn prompt with ``n_images`` of the adapter's placeholders (images', or an audio
+    adapter's clips') between words."""
     info = get_adapter_info(name)
-    placeholder = info.processor_cls.dummy_inputs.placeholders["image"]
+    placeholders = info.processor_cls.dummy_inputs.placeholders
+    placeholder = placeholders.get("image") or placeholders["audio"]
     start, end = family_of(info).placeholder_words
     return parity.prompt_text(n_images, placeholder, start=start, end=end)
 
@@ -486,9 +645,13 @@ def check_case(
     kwargs: dict[str, Any] | None = None,
     classic: bool = False,
 ) -> None:
-    """One seeded case of adapter ``name`` on ``backend`` (see the module docstring)."""
+    """One seeded case of adapter ``name`` on ``backend`` (see the module docstring; an audio
+    adapter's: :func:`check_audio_case`, ``n_images`` clips)."""
     info = get_adapter_info(name)
     fam = family_of(info)
+    if isinstance(fam, AudioFamily):
+        check_audio_case(name, n_images, case_seed, large=large)
+        return
     kwargs = kwargs or {}
     rng = random.Random(case_seed)
     nrng = np.random.default_rng(case_seed)

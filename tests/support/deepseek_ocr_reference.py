@@ -1,12 +1,13 @@
-"""An independent re-statement of DeepSeek-OCR 2's preprocessing as vLLM runs it (the reference).
+"""An independent re-statement of DeepSeek-OCR's preprocessing as vLLM runs it (the reference).
 
-vLLM's ``DeepseekOCR2ForCausalLM`` uses its own ``DeepseekOCRProcessor``
-(``vllm/transformers_utils/processors/deepseek_ocr.py``: ``find_closest_aspect_ratio``,
-``calculate_aspect_ratios``, ``dynamic_preprocess``, ``ImageTransform``,
-``tokenize_with_images``) with ``image_size=768``, ``base_size=1024`` and 2..6 crops, and counts
-the tokens with ``DeepseekOCR2ProcessingInfo.get_num_image_tokens``. This module restates them in
-plain PIL (``Image.resize``, ``ImageOps.pad``) and torchvision transforms; it shares no code with
-the adapter.
+vLLM's ``DeepseekOCRForCausalLM`` and ``DeepseekOCR2ForCausalLM`` use its own
+``DeepseekOCRProcessor`` (``vllm/transformers_utils/processors/deepseek_ocr.py``:
+``find_closest_aspect_ratio``, ``calculate_aspect_ratios``, ``dynamic_preprocess``,
+``ImageTransform``, ``tokenize_with_images``) with ``base_size=1024`` and 2..6 crops, and
+``image_size`` 640 (strategy v1) or 768 (strategy v2); they count the tokens with
+``DeepseekOCRProcessingInfo.get_num_image_tokens`` and ``DeepseekOCR2ProcessingInfo``'s. This
+module restates them in plain PIL (``Image.resize``, ``ImageOps.pad``) and torchvision
+transforms; it shares no code with the adapter.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from PIL import ImageOps
 
 __all__ = ("reference_num_tokens", "reference_outputs")
 
-IMAGE_SIZE, BASE_SIZE, MIN_CROPS, MAX_CROPS = 768, 1024, 2, 6
+BASE_SIZE, MIN_CROPS, MAX_CROPS = 1024, 2, 6
+#: the model's ``IMAGE_SIZE`` per strategy (v1: DeepSeek-OCR, v2: DeepSeek-OCR 2)
+IMAGE_SIZES = {"v1": 640, "v2": 768}
 _TRANSFORM = T.Compose([T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
 
 
@@ -62,29 +65,41 @@ def _crops(image: PIL.Image.Image, image_size: int, max_num: int) -> tuple[list[
     return tiles, [cols, rows]
 
 
-def reference_num_tokens(width: int, height: int) -> int:
+def reference_num_tokens(width: int, height: int, strategy: str = "v2") -> int:
     """vLLM's ``get_num_image_tokens`` (fixed parameters, whatever the processor kwargs)."""
+    image_size = IMAGE_SIZES[strategy]
     cols, rows = 1, 1
-    if width > IMAGE_SIZE or height > IMAGE_SIZE:
-        cols, rows = _closest(width, height, IMAGE_SIZE, MAX_CROPS)
-    base, local = math.ceil(BASE_SIZE / 16 / 4), math.ceil(IMAGE_SIZE / 16 / 4)
-    return base * base + 1 + ((rows * local) * (cols * local) if cols * rows > 1 else 0)
+    if width > image_size or height > image_size:
+        cols, rows = _closest(width, height, image_size, MAX_CROPS)
+    h = w = math.ceil((BASE_SIZE // 16) / 4)
+    h2 = w2 = math.ceil((image_size // 16) / 4)
+    if strategy == "v1":
+        global_tokens = h * (w + 1)
+        local_tokens = (rows * h2) * (cols * w2 + 1)
+    else:
+        global_tokens = h * w
+        local_tokens = (rows * h2) * (cols * w2)
+    return global_tokens + (local_tokens if cols > 1 or rows > 1 else 0) + 1
 
 
 def reference_outputs(
     images: list[PIL.Image.Image],
     *,
+    strategy: str = "v2",
     crop_mode: bool = True,
     base_size: int = BASE_SIZE,
-    image_size: int = IMAGE_SIZE,
+    image_size: int | None = None,
     max_crops: int = MAX_CROPS,
 ) -> dict[str, Any]:
-    """vLLM's ``tokenize_with_images`` pixels: the global views (uint8 and float), the local
-    views (float), ``images_spatial_crop`` and each image's token count."""
+    """vLLM's ``tokenize_with_images`` pixels for the model of ``strategy`` (``image_size``
+    and the other kwargs: a request's processor kwargs): the global views (uint8 and float), the
+    local views (float), ``images_spatial_crop`` and each image's token count."""
+    if image_size is None:
+        image_size = IMAGE_SIZES[strategy]
     globals_u8, crops, spatial, tokens = [], [], [], []
     for image in images:
         image = image.convert("RGB")
-        tokens.append(reference_num_tokens(image.width, image.height))
+        tokens.append(reference_num_tokens(image.width, image.height, strategy))
         tiles, ratio = [], [1, 1]
         if (image.width > image_size or image.height > image_size) and crop_mode:
             tiles, ratio = _crops(image, image_size, max_crops)

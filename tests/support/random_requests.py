@@ -6,7 +6,10 @@ images in the common formats and modes (JPEG grey/RGB/CMYK with any EXIF orienta
 every colour type, 16-bit, palettes with transparency, WebP, GIF, BMP, TIFF), from a pixel to
 2,500 px a side, a few with extreme aspect ratios or a cut-off tail; multi-turn conversations
 with system prompts; sampling fields; ``mm_payload`` tensors or none; with ``videos`` a share
-of requests with a short clip.
+of requests with a short clip; with ``audios`` a share of chat requests with zero to two audio
+clips in place of the images (WAV, FLAC, MP3, Ogg Vorbis/Opus, M4A/AAC, WebM/Opus; mono or
+stereo; 8 to 48 kHz; 0.05 s to a minute; a few cut short or not audio at all) as ``input_audio``
+parts or ``audio_url`` data URLs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-__all__ = ("ImageSpec", "random_image", "random_requests")
+__all__ = ("ImageSpec", "random_audio", "random_image", "random_requests")
 
 _WORDS = (
     "describe the image what is shown here how many people are there read the text on the "
@@ -165,6 +168,69 @@ def random_clip(rng: random.Random) -> tuple[str, bytes, str]:
     return mime, buf.getvalue(), f"{codec}/{fmt} {width}x{height} {frames}f@{float(fps):.2f}"
 
 
+#: audio codecs of the random clips: (soundfile format or PyAV container, subtype or codec,
+#: ``input_audio`` format, MIME type, weight)
+_AUDIO_CODECS = (
+    ("WAV", "PCM_16", "wav", "audio/wav", 30),
+    ("WAV", "FLOAT", "wav", "audio/x-wav", 5),
+    ("FLAC", "PCM_16", "flac", "audio/flac", 15),
+    ("MP3", "MPEG_LAYER_III", "mp3", "audio/mpeg", 20),
+    ("OGG", "VORBIS", "ogg", "audio/ogg", 15),
+    ("OGG", "OPUS", "ogg", "audio/ogg", 5),
+    ("mp4", "aac", "m4a", "audio/mp4", 5),
+    ("webm", "libopus", "webm", "audio/webm", 5),
+)
+
+
+def random_audio(rng: random.Random) -> tuple[str, str, bytes, str]:
+    """(``input_audio`` format, MIME type, encoded bytes, description) of one random clip."""
+    from audio_samples import AudioCase, encode, signal
+
+    fmt, subtype, short, mime, _ = rng.choices(_AUDIO_CODECS, [c[-1] for c in _AUDIO_CODECS])[0]
+    rates = [8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000]
+    if subtype in ("OPUS", "libopus"):
+        rates = [8000, 12000, 16000, 24000, 48000]  # the rates Opus encodes
+    rate, channels = rng.choice(rates), rng.choice([1, 2])
+    low, high = rng.choices([(0.05, 5), (5, 30), (30, 62)], weights=[70, 20, 10])[0]
+    seconds = round(rng.uniform(low, high), 3)
+    samples = signal(rate, channels, seconds, seed=rng.randrange(2**31))
+    if fmt in ("mp4", "webm"):
+        data = encode(AudioCase("random", fmt, subtype, rate, channels, seconds), samples)
+    else:
+        import soundfile
+
+        buf = io.BytesIO()
+        with soundfile.SoundFile(buf, "w", rate, channels, format=fmt, subtype=subtype) as out:
+            # in blocks: libsndfile's Vorbis encoder crashes on a minute at 48 kHz in one write
+            for start in range(0, len(samples), 1 << 15):
+                out.write(samples[start : start + (1 << 15)])
+        data = buf.getvalue()
+    described = f"{short}/{subtype} {rate} Hz x{channels} {seconds} s"
+    roll = rng.random()
+    if roll < 0.03:  # cut short: a decoder may still read its head
+        data = data[: rng.randint(1, len(data) - 1)]
+        described += f" cut to {len(data)} bytes"
+    elif roll < 0.06:  # not audio at all
+        data = rng.randbytes(rng.randint(1, 4096))
+        described = f"{len(data)} random bytes as {short}"
+    return short, mime, data, described
+
+
+def _audio_part(rng: random.Random, short: str, mime: str, data: bytes) -> dict[str, Any]:
+    """An ``input_audio`` part (its format sometimes missing) or an ``audio_url`` data URL."""
+    payload = base64.b64encode(data).decode()
+    if rng.random() < 0.5:
+        clip: dict[str, Any] = {"data": payload, "format": short}
+        if rng.random() < 0.1:
+            del clip["format"]  # vLLM makes ``data:audio/;base64,...`` of it
+        part: dict[str, Any] = {"type": "input_audio", "input_audio": clip}
+    else:
+        part = {"type": "audio_url", "audio_url": {"url": f"data:{mime};base64,{payload}"}}
+    if rng.random() < 0.05:
+        part["uuid"] = f"clip-{rng.randrange(10**6)}"
+    return part
+
+
 def _text(rng: random.Random) -> str:
     words = [rng.choice(_WORDS) for _ in range(rng.randint(2, 12))]
     return " ".join(words).capitalize() + rng.choice([".", "?", ""])
@@ -228,15 +294,33 @@ def _chat(rng: random.Random, model: str, media: list[dict[str, Any]]) -> dict[s
 
 
 def random_requests(
-    seed: int, model: str, *, videos: float = 0.0, none: float | None = None
+    seed: int,
+    model: str,
+    *,
+    videos: float = 0.0,
+    none: float | None = None,
+    audios: float = 0.0,
 ) -> Iterator[tuple[str, dict[str, Any], list[str]]]:
     """Endless ``(path, body, what)`` requests for a server whose model is named ``model``;
     ``videos``: the share of chat requests that carry a clip; ``none``: the share of chat
     requests with ``mm_payload: "none"`` (routing plans; default one in five, drawn with the
-    rest); ``what`` describes the media."""
+    rest); ``audios``: the share of requests that are chats with zero to two audio clips and no
+    image (drawn apart: the other requests are those of ``audios=0``); ``what`` describes the
+    media."""
     rng = random.Random(seed)
     choose = random.Random(seed + 1)
+    listen = random.Random(seed + 2)
     while True:
+        if audios and listen.random() < audios:
+            clips = [random_audio(listen) for _ in range(listen.choice([0, 1, 1, 1, 2, 2]))]
+            media = [_audio_part(listen, short, mime, data) for short, mime, data, _ in clips]
+            body = _chat(listen, model, media)
+            if none is not None:
+                body.pop("mm_payload", None)
+                if choose.random() < none:
+                    body["mm_payload"] = "none"
+            yield "/v1/chat/completions/render", body, [c[3] for c in clips]
+            continue
         images = [random_image(rng) for _ in range(rng.randint(1, 3))]
         what = [repr(spec) for _, _, spec in images]
         api = rng.choices(["chat", "responses", "messages"], weights=[80, 10, 10])[0]

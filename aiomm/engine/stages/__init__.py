@@ -14,7 +14,8 @@ hash           an item's id (the engine's Hasher)         loop, or a thread for 
                                                           and in-memory images
 cache          per-item lookup, single-flight join        loop
 transform      probe, admit bytes, decode, resize,        threads; ``transform_threads`` and
-               patchify (uint8), per item                 ``max_decoded_bytes_in_flight``
+               patchify (uint8), per item; audio:         ``max_decoded_bytes_in_flight``
+               decode, resample, features
 assemble       prompt updates, placeholder ranges         loop
 output         merge items, normalise on the device       threads; ``device_staging_buffers``
 =============  =========================================  ==================================

@@ -52,11 +52,12 @@ class AssembleStage(Stage):
         kwargs: Mapping[str, Any],
         *,
         videos: Sequence[MultiModalKwargsItem] = (),
+        audios: Sequence[MultiModalKwargsItem] = (),
         normalization: bool = True,
     ) -> ProcessedInputs:
-        """Prompt updates for ``items`` (images) and ``videos`` (each in prompt order) applied to
-        ``prompt_ids`` (``normalization=False``: without the device normalisation's parameters,
-        for a routing plan).
+        """Prompt updates for ``items`` (images), ``videos`` and ``audios`` (each in prompt
+        order) applied to ``prompt_ids`` (``normalization=False``: without the device
+        normalisation's parameters, for a routing plan).
 
         :raises ItemCountMismatchError: items and placeholders differ in number.
         :raises PromptUpdateError: an update cannot be applied.
@@ -65,6 +66,8 @@ class AssembleStage(Stage):
             mm_kwargs = {"image": list(items)} if items else {}
             if videos:
                 mm_kwargs["video"] = list(videos)
+            if audios:
+                mm_kwargs["audio"] = list(audios)
             return self.processor.assemble(
                 prompt_ids, mm_kwargs, kwargs, normalization=normalization
             )

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from aiomm.config import DecodeConfig, Fidelity
+from aiomm.engine._audio import AudioLoader, Waveform
 from aiomm.engine._byte_budget import ByteBudget
 from aiomm.engine._worker_pool import WorkerPool
 from aiomm.media.header import decided_size
@@ -136,8 +137,11 @@ class TransformStage(Stage):
         fidelity: Fidelity = "exact",
         video_limits: VideoLimits | None = None,
         inline_bytes: int = 1 << 20,
+        audio: AudioLoader | None = None,
     ) -> None:
         super().__init__(None)  # bounded by its own pool instead of a limiter (statistics())
+        #: loads audio items (None: the adapter takes no audio)
+        self.audio = audio
         #: the worker threads (the engine closes them when it closes)
         self.workers = WorkerPool(threads, "aiomm-transform")
         self.processor = processor
@@ -296,6 +300,33 @@ class TransformStage(Stage):
             try:
                 t0 = time.perf_counter()
                 item = await self.workers.run(self._transform, load, dict(kwargs), "video")
+                timings["decode_transform"] = time.perf_counter() - t0
+            finally:
+                self.budget.release(nbytes)
+            return item
+
+    async def compute_audio(
+        self, raw: Any, kwargs: Mapping[str, Any], timings: dict[str, float]
+    ) -> MultiModalKwargsItem:
+        """The processed item of the audio ``raw`` (encoded bytes, or the waveform the hash
+        stage loaded), decoded and transformed in one worker trip. The waveform is admitted
+        against the byte budget; encoded bytes are not (their decoded size is known only from
+        the decode, which ``DecodeConfig.max_audio_decode_bytes`` bounds per worker).
+
+        :raises DecodeError: audio that cannot be decoded within the limits.
+        :raises ItemRejectedError: audio the model's processor refuses (too short).
+        :raises ProcessingError: the transform failed.
+        """
+        audio = self.audio
+        assert audio is not None  # the pipeline refuses audio for an adapter without it
+        with self.counted():
+            nbytes = raw.nbytes if isinstance(raw, Waveform) else 0
+            await self.budget.acquire(nbytes)
+            try:
+                t0 = time.perf_counter()
+                item = await self.workers.run(
+                    self._transform, functools.partial(audio.load, raw), dict(kwargs), "audio"
+                )
                 timings["decode_transform"] = time.perf_counter() - t0
             finally:
                 self.budget.release(nbytes)
