@@ -1,17 +1,17 @@
 """Time to first result: where a fresh process spends its start-up before the first request.
 
 Each run starts a fresh interpreter that imports torch, then aiomm, builds the embedded default
-(``Engine.from_pretrained("qwen2-vl")``: the Qwen2-VL processor from its stored snapshot, so
-neither transformers nor torchvision is imported), opens the engine and processes one JPEG; every
-phase is stamped with ``time.perf_counter`` (CLOCK_MONOTONIC, shared by processes), so "first
-result" runs from the parent's spawn, and the heavy modules loaded by then are listed. A second
-process runs ``aiomm run --samples 1`` (the CLI's ``main``, the first result stamped when the CLI
-writes it), a third the whole command as a subprocess. Medians over ``--runs`` interleaved runs;
-warm disk caches after the first run. ``--reference`` adds the engine over the processor built
-on the real HF processor (transformers and torchvision imported: the start-up without the
-snapshots).
+(``Engine.from_pretrained("qwen2-vl")``, or ``--model``'s: the processor from its stored
+snapshot, so neither transformers nor torchvision is imported), opens the engine and processes
+one JPEG; every phase is stamped with ``time.perf_counter`` (CLOCK_MONOTONIC, shared by
+processes), so "first result" runs from the parent's spawn, and the heavy modules loaded by then
+are listed. A second process runs ``aiomm run --samples 1`` (the CLI's ``main``, the first result
+stamped when the CLI writes it), a third the whole command as a subprocess. Medians over
+``--runs`` interleaved runs; warm disk caches after the first run. ``--reference`` adds the
+engine over the processor built on the real HF processor (transformers and torchvision imported:
+the start-up without the snapshots).
 
-    python bench/startup_bench.py [--runs 5] [--reference] [--json out.json]
+    python bench/startup_bench.py [--runs 5] [--reference] [--model NAME] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ from aiomm.media.samples import encode, photo_like
 stamps["aiomm"] = time.perf_counter()
 if REFERENCE:
     from aiomm.adapters import build_processor, get_adapter_info
-    hf = get_adapter_info("qwen2-vl").build_hf_processor()
+    hf = get_adapter_info(MODEL).build_hf_processor()
     config = EngineConfig(device="cpu")
-    engine = Engine(build_processor("qwen2-vl", hf, config=config.processing), config)
+    engine = Engine(build_processor(MODEL, hf, config=config.processing), config)
 else:
-    engine = Engine.from_pretrained("qwen2-vl", EngineConfig(device="cpu"))
+    engine = Engine.from_pretrained(MODEL, EngineConfig(device="cpu"))
 stamps["processor"] = time.perf_counter()
 data = encode(photo_like(np.random.default_rng(0), 480, 640))
-prompt = "<|im_start|>user <|vision_start|><|image_pad|><|vision_end|> describe<|im_end|>"
+# one image placeholder as the architecture's chat template writes it
+prompt = "describe " + engine.processor.dummy_inputs.get_dummy_text({"image": 1})
 
 async def main():
     async with engine:
@@ -82,7 +83,7 @@ LABELS = {
     "python": "interpreter start",
     "torch": "import torch",
     "aiomm": "import aiomm",
-    "processor": "build the embedded default",
+    "processor": "build the processor",
     "open": "open the engine",
     "result": "first request",
     "first_result": "spawn -> first result",
@@ -111,9 +112,9 @@ def _child(code: str, **names: Any) -> tuple[float, dict[str, Any]]:
     return t0, json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def phases_once(reference: bool = False) -> dict[str, Any]:
+def phases_once(reference: bool = False, model: str = "qwen2-vl") -> dict[str, Any]:
     """One fresh process: seconds spent in each phase, and from spawn to the first result."""
-    t0, stamps = _child(_CHILD, REFERENCE=reference)
+    t0, stamps = _child(_CHILD, REFERENCE=reference, MODEL=model)
     record: dict[str, Any] = {}
     before = t0
     for name in PHASES:
@@ -148,20 +149,22 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in LABELS}
 
 
-def run(runs: int, reference: bool = False) -> dict[str, Any]:
-    """Medians over ``runs`` interleaved runs of every timing."""
+def run(runs: int, reference: bool = False, model: str = "qwen2-vl") -> dict[str, Any]:
+    """Medians over ``runs`` interleaved runs of every timing (the CLI's on the embedded
+    default, the engine's on ``model``)."""
     phase_runs: list[dict[str, Any]] = []
     ref_runs: list[dict[str, Any]] = []
     first_runs: list[dict[str, Any]] = []
     cli_runs: list[float] = []
     for _ in range(runs):
-        phase_runs.append(phases_once())
+        phase_runs.append(phases_once(model=model))
         if reference:
-            ref_runs.append(phases_once(reference=True))
+            ref_runs.append(phases_once(reference=True, model=model))
         first_runs.append(cli_first_result_once())
         cli_runs.append(cli_once())
     record: dict[str, Any] = {
         "runs": runs,
+        "model": model,
         "median_s": _medians(phase_runs),
         "loaded": phase_runs[-1]["loaded"],
         "aiomm_run_first_result_s": statistics.median(r["first_result"] for r in first_runs),
@@ -180,7 +183,7 @@ def run(runs: int, reference: bool = False) -> dict[str, Any]:
 def report(record: dict[str, Any]) -> str:
     m, ref = record["median_s"], record.get("reference_median_s")
     lines = [
-        f"start-up, median of {record['runs']} fresh processes (s):",
+        f"start-up of {record['model']}, median of {record['runs']} fresh processes (s):",
         f"  {'':<38} {'stored':>7}" + (f" {'HF-built':>9}" if ref else ""),
     ]
     for key, label in LABELS.items():
@@ -203,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--reference", action="store_true", help="also time the HF-built processor")
     p.add_argument("--json", type=Path)
+    p.add_argument("--model", default="qwen2-vl", help="the architecture the engine builds")
     args = p.parse_args(argv)
-    record = run(args.runs, reference=args.reference)
+    record = run(args.runs, reference=args.reference, model=args.model)
     print(report(record))
     if args.json:
         args.json.write_text(json.dumps(record, indent=1))

@@ -29,3 +29,13 @@ def test_one_run_reports_every_phase(tmp_path: Path, capsys: pytest.CaptureFixtu
     # the embedded default starts from its stored snapshot: no transformers, no torchvision
     assert not {"transformers", "torchvision"} & set(record["loaded"] + record["aiomm_run_loaded"])
     assert "spawn -> first result" in printed and "aiomm run --samples 1: first" in printed
+
+
+def test_another_architecture_starts_from_its_snapshot(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("startup_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    record = module.phases_once(model="gemma3")
+    assert record["first_result"] > 0
+    assert not {"transformers", "torchvision"} & set(record["loaded"])
