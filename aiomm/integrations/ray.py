@@ -136,6 +136,13 @@ class ImagePreprocessor:
         self.item_column = image_column if self.modality == "image" else audio_column
         if vllm_model_id is not None and self.modality == "audio":
             raise ConfigError("vllm_model_id: GenerateRequest features are made for images only")
+        wire_modality = getattr(self.engine.processor, "wire_modality", None)
+        if vllm_model_id is not None and wire_modality is not None:
+            # vLLM keys such a model's items by another modality and hashes decoded pixels
+            raise ConfigError(
+                f"vllm_model_id: GenerateRequest features are not made for {model}'s "
+                f"{wire_modality} items"
+            )
         self._tensor_columns = self._probe()
 
     def _probe(self) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:

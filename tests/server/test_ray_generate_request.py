@@ -94,3 +94,8 @@ def test_rows_become_vllm_generate_requests(model_folder: Path) -> None:
 def test_vllm_features_exclude_normalised_rows() -> None:
     with pytest.raises(ConfigError, match="normalize"):
         ImagePreprocessor("qwen2-vl", vllm_model_id="/m", normalize=True)
+
+
+def test_vllm_features_refuse_a_model_with_its_own_item_modality() -> None:
+    with pytest.raises(ConfigError, match="vision_chunk"):
+        ImagePreprocessor("kimi-k2.5", vllm_model_id="/m")
