@@ -162,6 +162,8 @@ class QwenOmniProcessor(QwenVLProcessor):
     (module docstring)."""
 
     supported_modalities: ClassVar[tuple[str, ...]] = ("image", "video", "audio")
+    #: vLLM's field order (audio, image, video) orders its placeholders and items
+    wire_modality_order: ClassVar[tuple[str, ...]] = ("audio", "image", "video")
     dummy_inputs: ClassVar[BaseDummyInputsBuilder] = BaseDummyInputsBuilder(
         {
             "image": VISION_BOS + IMAGE_TOKEN + VISION_EOS,

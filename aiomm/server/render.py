@@ -43,6 +43,7 @@ from aiomm.vllm.generate_request import (
     encode_items,
     generate_request,
     generate_request_features,
+    order_modalities,
     place_payload,
     rename_modalities,
 )
@@ -458,10 +459,11 @@ class RenderService:
             raise from_aiomm_error(exc) from exc
         hits = sum(1 for c in result.cache if c.value == "hit")
         ids = result.item_ids
+        # vLLM's chat parser hands its processor images, audio, then videos (mm_hashes' order)
         by_modality = {
             "image": ids[:n_images],
-            "video": ids[n_images : n_images + n_videos],
             "audio": ids[n_images + n_videos :],
+            "video": ids[n_images : n_images + n_videos],
         }
         if self.mm_requests is not None:
             uuids = {"image": [p.uuid for p in parsed.images]}
@@ -492,6 +494,7 @@ class RenderService:
             except AiommError as exc:  # the pool closed: the server is stopping (503)
                 raise from_aiomm_error(exc) from exc
             place_payload(feats, result.items, kwargs_data, metadata)
+        order_modalities(feats, self.wire.modality_order)
         rename_modalities(feats, self.wire.modality_names)
         return feats, result.prompt_token_ids, hits, result.timings
 

@@ -47,6 +47,7 @@ __all__ = (
     "generate_request",
     "generate_request_features",
     "model_float_dtype",
+    "order_modalities",
     "place_payload",
     "rename_modalities",
     "vllm_mm_hash",
@@ -199,6 +200,10 @@ class WireForm:
     modality_names: Mapping[str, str] = field(default_factory=dict)
     #: keys kept on the CPU besides :data:`_KEEP_ON_CPU` (:data:`_KEEP_ON_CPU_BY_FAMILY`)
     keep_on_cpu: frozenset[str] = frozenset()
+    #: the order vLLM writes the modalities of ``mm_placeholders``, ``kwargs_data`` and
+    #: ``mm_metadata`` in where it is not images, videos, audio: its processor's field order
+    #: (the adapter's ``wire_modality_order``: Qwen2.5-Omni's audio first)
+    modality_order: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, processor: Any) -> WireForm:
@@ -219,12 +224,25 @@ class WireForm:
             dtypes=_WIRE_DTYPES.get(family, {}),
             keep_on_cpu=_KEEP_ON_CPU_BY_FAMILY.get(family, frozenset()),
             modality_names=_wire_modalities(processor),
+            modality_order=tuple(getattr(processor, "wire_modality_order", ())),
         )
 
 
 def _wire_modalities(processor: Any) -> dict[str, str]:
     name = getattr(processor, "wire_modality", None)
     return {"image": name} if name else {}
+
+
+def order_modalities(features: dict[str, Any], order: Sequence[str]) -> None:
+    """Put ``features``' per-modality placeholders, items and metadata in vLLM's modality
+    ``order`` (:attr:`WireForm.modality_order`), in place; ``mm_hashes`` keeps the request's."""
+    if not order:
+        return
+    rank = {m: i for i, m in enumerate(order)}
+    for part in ("mm_placeholders", "kwargs_data", "mm_metadata"):
+        entries = features.get(part)
+        if entries:
+            features[part] = dict(sorted(entries.items(), key=lambda kv: rank.get(kv[0], 99)))
 
 
 def rename_modalities(features: dict[str, Any], names: Mapping[str, str]) -> None:
