@@ -299,7 +299,8 @@ def test_serve_workers_start_and_render(model_folder: Path) -> None:
         assert any(p.name.startswith("i") for p in folder.iterdir())  # the image's link
         # one cache budget for the server: each worker may hold half of it (new connections
         # reach either worker; the one that computed the image holds it)
-        scraped = [httpx.get(url + "/metrics", timeout=10).text for _ in range(12)]
+        # (enough scrapes, each a new connection, that the holding worker is surely among them)
+        scraped = [httpx.get(url + "/metrics", timeout=10).text for _ in range(40)]
         capacity, held = (
             [float(text.split(f"\n{name} ")[1].split()[0]) for text in scraped]
             for name in ("aiomm_cache_capacity_bytes", "aiomm_cache_bytes")
