@@ -120,8 +120,9 @@ def test_embedded_sample_clips_for_an_audio_model(
         json.loads(line) for line in (tmp_path / "aiomm-results.jsonl").read_text().splitlines()
     ]
     assert len(rows) == 6 and all(r["ok"] and r["placeholders"]["audio"] for r in rows)
-    # the second pass is served by the cache (a hit, or joined while the first computes)
-    assert all(r["cache"][0] in ("hit", "joined") for r in rows[3:])
+    # the second pass is served by the cache (a hit, or joined while the first computes); rows
+    # come as they finish, and clips of different lengths finish out of order
+    assert sum(r["cache"][0] in ("hit", "joined") for r in rows) == 3
 
 
 def test_summary_of_failed_requests_prints_no_nan(
