@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from python_source import parse_file
 
 import aiomm
 
@@ -35,7 +36,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """The package modules ``name`` imports anywhere in its file."""
     is_package = path.name == "__init__.py"
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_file(path)):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
+from python_source import parse_file
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -238,7 +239,7 @@ def test_isolated_jobs_run_in_a_child_from_the_checkout_root(
 
 def test_vllm_worker_imports_only_vllm_stdlib_pillow_numpy() -> None:
     allowed = set(sys.stdlib_module_names) | {"vllm", "PIL", "numpy", "stream_bench", "__future__"}
-    tree = ast.parse((BENCH / "_vllm_worker.py").read_text())
+    tree = parse_file(BENCH / "_vllm_worker.py")
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

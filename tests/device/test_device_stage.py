@@ -16,6 +16,7 @@ import anyio
 import norm_reference
 import pytest
 import torch
+from python_source import parse_file
 
 from aiomm.device.stage import DeviceStage, DeviceStageStatistics
 from aiomm.errors import (
@@ -406,7 +407,7 @@ async def test_cpu_stage_leaves_the_kernel_choice_to_the_module(
 def test_device_stage_imports_only_the_public_kernels_package() -> None:
     """The stage reaches kernels through ``aiomm.kernels`` alone, never their internals."""
     source = Path(__file__).resolve().parents[2] / "aiomm" / "device" / "stage.py"
-    tree = ast.parse(source.read_text())
+    tree = parse_file(source)
     kernel_imports = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiomm.kernels"):

@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from python_source import parse_file
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 PACKAGE = "aiomm.kernels"
@@ -28,7 +29,7 @@ def imports_of(name: str, path: Path, modules: set[str], package: str) -> set[st
     """The package's modules that module ``name`` imports anywhere in its file."""
     here = package if name == package else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -13,6 +13,7 @@ from typing import TypeVar
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from python_source import parse_file
 
 from aiomm.processing import placeholders
 from aiomm.processing.placeholders import PlaceholderRange, TokenSearcher, find_placeholders
@@ -88,7 +89,7 @@ def comparisons(fn: Callable[..., T], *args: object) -> tuple[T, int]:
 def test_placeholders_never_imports_prompt_updates() -> None:
     # prompt_updates builds on placeholders; not even a type-checking or function-level import
     # may point back.
-    tree = ast.parse(Path(placeholders.__file__).read_text())
+    tree = parse_file(Path(placeholders.__file__))
     imported: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
