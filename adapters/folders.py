@@ -363,6 +363,22 @@ CHAT_TEMPLATES: dict[str, str] = {
         "<|im_end|>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     ),
+    # Qwen/Qwen3-Omni-30B-A3B-Instruct's template (its tool and reasoning branches left out)
+    "Qwen3OmniMoeProcessor": (
+        "{% for message in messages %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+        "{% else %}{% for content in message['content'] %}"
+        "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+        "<|vision_start|><|image_pad|><|vision_end|>"
+        "{% elif content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
+        "<|audio_start|><|audio_pad|><|audio_end|>"
+        "{% elif content['type'] == 'video' or 'video' in content or 'video_url' in content %}"
+        "<|vision_start|><|video_pad|><|vision_end|>"
+        "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}"
+        "<|im_end|>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
 }
 
 #: the context length written into every offline ``config.json`` (``max_position_embeddings``:
@@ -915,6 +931,54 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {
             ("vision_end_token_id", "<|vision_eos|>"),
         )},
     }, also_architectures=("Qwen2_5OmniModel",)),
+    "qwen3-omni": ConfigSpec("qwen3_omni_moe", {  # Qwen/Qwen3-Omni-30B-A3B-Instruct (thinker)
+        "enable_audio_output": False,
+        "thinker_config": {
+            "model_type": "qwen3_omni_moe_thinker", "position_id_per_seconds": 13,
+            "seconds_per_chunk": 2,
+            "text_config": {
+                "model_type": "qwen3_omni_moe_text", "vocab_size": 152064, "hidden_size": 2048,
+                "intermediate_size": 768, "moe_intermediate_size": 768, "num_experts": 128,
+                "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_attention_heads": 32,
+                "num_key_value_heads": 4, "head_dim": 128, "rms_norm_eps": 1e-06,
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                    "mrope_section": [24, 20, 20], "interleaved": True},
+            },
+            "vision_config": {
+                "model_type": "qwen3_omni_moe_vision_encoder", "depth": 27, "hidden_size": 1152,
+                "intermediate_size": 4304, "num_heads": 16, "in_channels": 3, "patch_size": 16,
+                "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 2048,
+                "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24],
+            },
+            "audio_config": {
+                "model_type": "qwen3_omni_moe_audio_encoder", "d_model": 1280,
+                "encoder_layers": 32, "encoder_attention_heads": 20, "encoder_ffn_dim": 5120,
+                "num_mel_bins": 128, "max_source_positions": 1500, "n_window": 50,
+                "output_dim": 2048, "n_window_infer": 800, "conv_chunksize": 500,
+                "downsample_hidden_size": 480,
+            },
+        },
+    }, {
+        "thinker_config.audio_token_id": "<|audio_pad|>",
+        "thinker_config.image_token_id": "<|image_pad|>",
+        "thinker_config.video_token_id": "<|video_pad|>",
+        "thinker_config.audio_start_token_id": "<|audio_start|>",
+        "thinker_config.audio_end_token_id": "<|audio_end|>",
+        "thinker_config.vision_start_token_id": "<|vision_start|>",
+        "thinker_config.vision_end_token_id": "<|vision_end|>",
+        "thinker_config.text_config.bos_token_id": "<|endoftext|>",
+        "thinker_config.text_config.eos_token_id": "<|im_end|>",
+        "thinker_config.user_token_id": "user",
+        "im_start_token_id": "<|im_start|>", "im_end_token_id": "<|im_end|>",
+        "system_token_id": "system", "user_token_id": "user", "assistant_token_id": "assistant",
+        **{f"talker_config.{key}": token for key, token in (
+            ("audio_token_id", "<|audio_pad|>"), ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"), ("vision_start_token_id", "<|vision_start|>"),
+            ("audio_start_token_id", "<|audio_start|>"),
+        )},
+    }),
 }  # fmt: skip
 
 

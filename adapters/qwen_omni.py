@@ -27,9 +27,7 @@ trusts per-request processor kwargs), which this processor does not take
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,10 +37,10 @@ from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.qwen2_audio import audio_output_length
 from aiomm.adapters.qwen_vl import QwenVLProcessor, _pixel_bounded_params, _TransformParams
 from aiomm.adapters.registry import Architecture, register
-from aiomm.errors import ItemRejectedError, ProcessingError, ProcessorKwargsError
+from aiomm.errors import ItemRejectedError, ProcessorKwargsError
 from aiomm.processing.audio_features import WhisperFeatureConfig, log_mel_features
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
-from aiomm.processing.fields import FieldConfig, MultiModalFieldConfig, MultiModalKwargsItem
+from aiomm.processing.fields import FeatureFramesField, MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate
 
 __all__ = ("FeatureFramesField", "QwenOmniProcessor", "build_hf_processor")
@@ -120,35 +118,6 @@ def build_hf_processor(backend: str = "torchvision", **overrides: Any) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class FeatureFramesField(FieldConfig):
-    """Feature frames flat along dim 1: the batch ``[mels, sum(sizes)]``, item ``i`` its own
-    ``[mels, sizes[i]]`` run of frames (vLLM's ``flat_from_sizes(..., dim=1)``)."""
-
-    modality: str
-    sizes: tuple[int, ...]
-    #: the dim the items' frames run along (the wire's ``dim``)
-    dim: int = 1
-
-    def split(self, key: str, value: Any) -> list[Any]:
-        """Each item's frames, an independent copy.
-
-        :raises ProcessingError: frames that do not add up to the sizes.
-        """
-        if not isinstance(value, torch.Tensor) or value.dim() != 2:
-            raise ProcessingError(f"field {key!r} is not a [mels, frames] tensor")
-        if value.shape[1] != sum(self.sizes):
-            raise ProcessingError(
-                f"field {key!r} has {value.shape[1]} frames but its item sizes "
-                f"{list(self.sizes)} add up to {sum(self.sizes)}"
-            )
-        bounds = np.cumsum((0, *self.sizes)).tolist()
-        return [value[:, a:b].clone() for a, b in itertools.pairwise(bounds)]
-
-    def merge(self, values: Sequence[Any]) -> Any:
-        return torch.cat(list(values), dim=1)
-
-
 @register(
     Architecture(
         "qwen2.5-omni",
@@ -173,6 +142,10 @@ class QwenOmniProcessor(QwenVLProcessor):
     )
     # vLLM's Qwen2.5-Omni takes normalised pixels (no mm_device_do_normalize support)
     default_device_normalize: ClassVar[bool] = False
+    #: the frame pixel bounds the processor passes to its video processor by default
+    omni_video_size: ClassVar[dict[str, int]] = OMNI_VIDEO_SIZE
+    #: the frame rate of ``video_second_per_grid`` when a request names none
+    omni_default_fps: ClassVar[float] = OMNI_DEFAULT_FPS
 
     def __init__(self, hf_processor: Any, **kwargs: Any) -> None:
         super().__init__(hf_processor, **kwargs)
@@ -193,7 +166,7 @@ class QwenOmniProcessor(QwenVLProcessor):
 
     def _resolve_video_params(self, hf_kwargs: Mapping[str, Any]) -> _TransformParams:
         kwargs = dict(hf_kwargs)
-        kwargs.setdefault("size", OMNI_VIDEO_SIZE)
+        kwargs.setdefault("size", self.omni_video_size)
         return _pixel_bounded_params(self.video_processor, kwargs, "Qwen-Omni video")
 
     def _get_hf_mm_inputs(
@@ -219,25 +192,45 @@ class QwenOmniProcessor(QwenVLProcessor):
         out = dict(super()._call_native_transform(hf_data, hf_kwargs))
         clips = hf_data.get("audio") or []
         if clips:
-            config = self.feature_config
-            # vLLM's call passes truncation=False (for its text): a clip over 300 s is kept whole
-            truncate = bool(hf_kwargs.get("truncation", True))
-            features = [
-                log_mel_features(
-                    np.asarray(clip), pad_to=config.n_samples, truncate=truncate, config=config
-                )
-                for clip in clips
-            ]
-            out["input_features"] = torch.from_numpy(np.stack([f.input_features for f in features]))
-            out["feature_attention_mask"] = torch.from_numpy(
-                np.stack([f.attention_mask for f in features])
-            )
+            out.update(self._call_audio_transform(clips, hf_kwargs))
         return out
+
+    def _call_audio_transform(
+        self, clips: Sequence[np.ndarray], hf_kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """``input_features`` ``[clips, mels, frames]`` and ``feature_attention_mask`` as the
+        extractor returns them for the processor's call."""
+        config = self.feature_config
+        # vLLM's call passes truncation=False (for its text): a clip over 300 s is kept whole
+        truncate = bool(hf_kwargs.get("truncation", True))
+        features = [
+            log_mel_features(
+                np.asarray(clip), pad_to=config.n_samples, truncate=truncate, config=config
+            )
+            for clip in clips
+        ]
+        return {
+            "input_features": torch.from_numpy(np.stack([f.input_features for f in features])),
+            "feature_attention_mask": torch.from_numpy(
+                np.stack([f.attention_mask for f in features])
+            ),
+        }
+
+    def _check_audio_frames(self, frames: int) -> None:
+        """Refuse a clip of ``frames`` feature frames that gets no tokens, as vLLM does.
+
+        :raises ItemRejectedError: the clip is too short.
+        """
+        if audio_output_length(frames) <= 0:
+            raise ItemRejectedError(
+                "audio",
+                f"{frames} feature frame(s) are too short to be represented inside the model",
+            )
 
     def _seconds_per_grid_of(self, n: int, hf_kwargs: Mapping[str, Any]) -> torch.Tensor:
         """``video_second_per_grid`` of ``n`` videos, as the Omni processor computes it."""
         fps = hf_kwargs.get("fps")
-        fps = OMNI_DEFAULT_FPS if fps is None else fps
+        fps = self.omni_default_fps if fps is None else fps
         tps = int(self.video_processor.temporal_patch_size)
         return torch.tensor([tps / fps] * n)
 
@@ -251,12 +244,7 @@ class QwenOmniProcessor(QwenVLProcessor):
         mask = data.get("feature_attention_mask")
         if features is not None and mask is not None:
             for length in mask.sum(-1).tolist():
-                if audio_output_length(int(length)) <= 0:
-                    raise ItemRejectedError(
-                        "audio",
-                        f"{length} feature frame(s) are too short to be represented inside "
-                        "the model",
-                    )
+                self._check_audio_frames(int(length))
             data["input_audio_features"] = features.permute(0, 2, 1)[mask.bool()].permute(1, 0)
             data["audio_feature_lengths"] = mask.sum(-1)
         seconds = data.pop("video_second_per_grid", None)

@@ -24,7 +24,8 @@ that the load of other processes falls on every system alike:
   ``BaseMultiModalProcessor.apply`` on the event loop with the processor cache off and vLLM's
   default ``mm_device_do_normalize``, at most ``--concurrency`` requests in flight.
 
-An audio architecture (Qwen2-Audio) gets clips instead of images: 1-2 per request, 2 to 30 s, WAV
+An audio architecture (Qwen2-Audio, or with ``--audio`` one that takes both, the Omni thinkers)
+gets clips instead of images: 1-2 per request, 2 to 30 s, WAV
 (44.1 kHz stereo), MP3 (22.05 kHz) and FLAC (16 kHz); ``hf`` decodes them as vLLM's loader does
 (:func:`aiomm.media.audio.decode_audio`, equal to it sample for sample) and calls the processor
 with ``audio=``, ``sampling_rate`` and ``truncation=True`` as vLLM does; ``vllm`` loads them with
@@ -171,9 +172,15 @@ def warm_item(modality: str) -> bytes:
 
 
 def takes_audio_only(info: AdapterInfo) -> bool:
-    """Whether the architecture's requests carry clips (it takes audio and no images)."""
+    """Whether the architecture takes audio and no images."""
     modalities = info.processor_cls.supported_modalities
     return "image" not in modalities and "audio" in modalities
+
+
+def carries_audio(info: AdapterInfo, audio: bool) -> bool:
+    """Whether the architecture's requests carry clips: it takes only audio, or it takes audio
+    and ``--audio`` asks for clips (the Omni thinkers)."""
+    return takes_audio_only(info) or (audio and "audio" in info.processor_cls.supported_modalities)
 
 
 def render_prompts(hf: Any, counts: Sequence[int], modality: str = "image") -> dict[int, str]:
@@ -739,6 +746,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a virtual environment with vllm 0.33 (its bin/python runs the "
         "worker); without it the vllm system is skipped",
     )
+    parser.add_argument(
+        "--audio",
+        action="store_true",
+        help="clips instead of images for every architecture that takes audio",
+    )
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)  # fmt: skip
     args.systems = [s for s in args.systems.split(",") if s]
@@ -763,7 +775,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     wl = make_workload(args.n, args.seed, args.sizes, args.large)
     audio_wl = None
-    if any(takes_audio_only(get_adapter_info(name)) for name in args.models):
+    if any(carries_audio(get_adapter_info(name), args.audio) for name in args.models):
         audio_wl = make_audio_workload(args.n, args.seed)
     report: dict[str, Any] = {
         "settings": {
@@ -791,7 +803,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for name in args.models:
             scratch = Path(tmp) / name
             scratch.mkdir()
-            own = audio_wl if takes_audio_only(get_adapter_info(name)) else wl
+            own = audio_wl if carries_audio(get_adapter_info(name), args.audio) else wl
             assert own is not None
             record = run_architecture(name, own, args, scratch)
             report["architectures"][name] = record

@@ -26,6 +26,7 @@ from blake3 import blake3
 
 from aiomm.errors import CacheValueError
 from aiomm.processing.fields import (
+    FeatureFramesField,
     FieldConfig,
     FieldKind,
     MultiModalFieldConfig,
@@ -239,6 +240,13 @@ def _field_to_json(key: str, config: FieldConfig) -> dict[str, Any]:
             "modality": config.modality,
             "counts": list(config.counts),
         }
+    if type(config) is FeatureFramesField:
+        return {
+            "type": "feature_frames",
+            "modality": config.modality,
+            "sizes": list(config.sizes),
+            "dim": config.dim,
+        }
     if type(config) is PaddedImageField:
         return {
             "type": "padded",
@@ -267,5 +275,9 @@ def _field_from_json(spec: dict[str, Any]) -> FieldConfig:
     if kind == "padded":
         return PaddedImageField(
             str(spec["modality"]), tuple((int(h), int(w)) for h, w in spec["sizes"])
+        )
+    if kind == "feature_frames":
+        return FeatureFramesField(
+            str(spec["modality"]), tuple(int(n) for n in spec["sizes"]), int(spec["dim"])
         )
     raise CacheValueError(f"unknown field config type {kind!r}")

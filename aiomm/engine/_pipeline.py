@@ -168,6 +168,12 @@ class Pipeline:
                 normalization=not plan,
             )
         timings["assemble"] = time.perf_counter() - t
+        # the items as assembled (an adapter may fit an item to the request: Qwen3-Omni's clips
+        # take the padding of the request's longest one)
+        loaded = [
+            item for modality in ("image", "video", "audio")
+            for item in processed.mm_kwargs.get(modality, ())
+        ]  # fmt: skip
 
         if plan:
             return Result(

@@ -21,6 +21,7 @@ Callers run it in a worker thread: torch releases the GIL in the STFT and the ma
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +30,21 @@ import torch
 
 from aiomm.errors import ProcessingError
 
-__all__ = ("AudioFeatures", "WhisperFeatureConfig", "log_mel_features", "num_feature_frames")
+__all__ = (
+    "AudioFeatures",
+    "FEW_FRAMES",
+    "WhisperFeatureConfig",
+    "last_frame_in_longer_batch",
+    "log_mel_features",
+    "num_feature_frames",
+)
 
 #: the fewest frames the mel projection runs over (see :func:`log_mel_features`)
 _MIN_COLUMNS = 256
+#: below this many frames MKL's sgemm takes another path for the mel projection, whose rounding
+#: depends on the frame count: a clip of fewer frames has other features alone than in a longer
+#: batch, and a batch of such clips rounds as its longest clip's frame count has it
+FEW_FRAMES = 12
 
 
 @dataclass(frozen=True)
@@ -67,10 +79,12 @@ class WhisperFeatureConfig:
 class AudioFeatures:
     """One clip's features: ``input_features`` ``(feature_size, frames)`` float32 and
     ``attention_mask`` ``(frames,)`` int32 (1 where a frame's hop starts inside the clip), as
-    HF returns them for a batch of one (``feature_attention_mask`` in the Qwen processors)."""
+    HF returns them for a batch of one (``feature_attention_mask`` in the Qwen processors);
+    ``peak``: the log-mel maximum the dynamic-range clamp took as its reference."""
 
     input_features: np.ndarray
     attention_mask: np.ndarray
+    peak: float
 
 
 @functools.lru_cache(maxsize=8)
@@ -166,4 +180,69 @@ def log_mel_features(
         out[:, signal_frames:] = (torch.maximum(torch.tensor(silent), floor) + 4.0) / 4.0
     mask = np.zeros(frames, dtype=np.int32)
     mask[: -(-length // hop)] = 1
-    return AudioFeatures(input_features=out.numpy(), attention_mask=mask)
+    return AudioFeatures(input_features=out.numpy(), attention_mask=mask, peak=peak)
+
+
+def last_frame_in_longer_batch(
+    audio: np.ndarray,
+    alone: AudioFeatures,
+    pad_to: Sequence[int],
+    config: WhisperFeatureConfig = WhisperFeatureConfig(),
+) -> list[np.ndarray | None]:
+    """The features of the last frame of ``audio`` (a whole number of hops, whose features alone
+    are ``alone``, from :func:`log_mel_features` with ``pad_to=None``) in a ``padding="longest"``
+    batch that zero-pads it to each of ``pad_to`` samples (each at least a hop longer), or None
+    where the batch changes more than that frame (the clamp's peak moves, or the clip is under
+    :data:`FEW_FRAMES` frames): compute those batches whole.
+
+    Only the last frame's window reaches past the clip (reflected alone, zeros in the batch); the
+    batch's frames past the clip can raise the peak. Both are recomputed from the clip's last
+    360 samples with the same STFT, projection and clamp as :func:`log_mel_features`; the alone
+    frame recomputed this way must equal ``alone``'s, else every answer is None.
+    """
+    hop, half = config.hop_length, config.n_fft // 2
+    length = audio.shape[0]
+    frames = length // hop
+    if length % hop or frames < FEW_FRAMES or any(p < length + hop or p % hop for p in pad_to):
+        return [None] * len(pad_to)
+    window, filters, silent = _constants(config)
+    start = (frames - 1) * hop - half
+    tail = np.ascontiguousarray(audio[start:], dtype=np.float32)
+    reach = start + config.n_fft - length  # samples past the clip the last window needs
+    # torch.stft's reflect padding mirrors the clip around its last sample
+    alone_window = np.concatenate([tail, tail[-2 : -2 - reach : -1]])
+    zero_padded = np.zeros(2 * hop + config.n_fft, dtype=np.float32)
+    zero_padded[: tail.shape[0]] = tail
+    # column 0: the last frame alone; 1-3: it and the next two in a batch (MKL's sgemm rounds
+    # the same way only over enough columns: see log_mel_features)
+    magnitudes = torch.zeros((1, filters.shape[1], _MIN_COLUMNS), dtype=torch.float32)
+    for first, wave in ((0, alone_window), (1, zero_padded)):
+        stft = torch.stft(
+            torch.from_numpy(wave)[None], config.n_fft, hop, window=window, center=False,
+            return_complex=True,
+        )  # fmt: skip
+        magnitudes[..., first : first + stft.shape[-1]] = stft.abs() ** 2
+    log_spec = torch.clamp(filters @ magnitudes, min=1e-10).log10()[0]
+    alone_last, zero_frames = log_spec[:, 0], log_spec[:, 1:4]
+    floor = torch.tensor(alone.peak, dtype=torch.float32) - 8.0
+    check = ((torch.maximum(alone_last, floor) + 4.0) / 4.0).numpy()
+    if float(alone_last.max()) >= alone.peak or not np.array_equal(
+        check, alone.input_features[:, frames - 1]
+    ):
+        # the peak may be the clip's last frame (the others' unknown), or the shortcut is off
+        return [None] * len(pad_to)
+    out: list[np.ndarray | None] = []
+    for padded in pad_to:
+        # the batch's frames past this clip: the next one, the one after, then silence
+        beyond = padded // hop - frames
+        peak = max(
+            alone.peak,
+            float(zero_frames[:, 0].max()),
+            *(float(zero_frames[:, k].max()) for k in (1, 2) if beyond >= k),
+            *((silent,) if beyond >= 3 else ()),
+        )
+        if peak != alone.peak:
+            out.append(None)
+            continue
+        out.append(((torch.maximum(zero_frames[:, 0], floor) + 4.0) / 4.0).numpy())
+    return out

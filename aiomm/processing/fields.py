@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -27,6 +28,7 @@ from aiomm.errors import KernelInputError, ProcessingError
 from aiomm.kernels import expand_repeat
 
 __all__ = (
+    "FeatureFramesField",
     "FieldConfig",
     "FieldKind",
     "MultiModalFieldConfig",
@@ -205,12 +207,14 @@ class MultiModalFieldConfig(FieldConfig):
             return values[0]
         if self.repeat is not None and all(isinstance(v, torch.Tensor) for v in values):
             return torch.cat([self.repeat.expand(v) for v in values]).flatten(1)
-        if all(isinstance(v, torch.Tensor) for v in values):
-            return (
-                torch.stack(list(values))
-                if self.kind is FieldKind.BATCHED
-                else torch.cat(list(values))
-            )
+        tensors = all(isinstance(v, torch.Tensor) for v in values)
+        if tensors and self.kind is FieldKind.BATCHED:
+            # items of different shapes (Qwen3-Omni's per-clip masks) stay a list, as in vLLM
+            if len({tuple(v.shape) for v in values}) == 1:
+                return torch.stack(list(values))
+            return list(values)
+        if tensors:
+            return torch.cat(list(values))
         if self.kind is FieldKind.BATCHED:
             return list(values)
         return [x for v in values for x in v]
@@ -344,6 +348,35 @@ class PaddedPatchesField(MultiModalFieldConfig):
         for i, v in enumerate(values):
             batch[i, int(v.shape[0]) :] = 0
         return batch
+
+
+@dataclass(frozen=True)
+class FeatureFramesField(FieldConfig):
+    """Feature frames flat along dim 1: the batch ``[mels, sum(sizes)]``, item ``i`` its own
+    ``[mels, sizes[i]]`` run of frames (vLLM's ``flat_from_sizes(..., dim=1)``)."""
+
+    modality: str
+    sizes: tuple[int, ...]
+    #: the dim the items' frames run along (the wire's ``dim``)
+    dim: int = 1
+
+    def split(self, key: str, value: Any) -> list[Any]:
+        """Each item's frames, an independent copy.
+
+        :raises ProcessingError: frames that do not add up to the sizes.
+        """
+        if not isinstance(value, torch.Tensor) or value.dim() != 2:
+            raise ProcessingError(f"field {key!r} is not a [mels, frames] tensor")
+        if value.shape[1] != sum(self.sizes):
+            raise ProcessingError(
+                f"field {key!r} has {value.shape[1]} frames but its item sizes "
+                f"{list(self.sizes)} add up to {sum(self.sizes)}"
+            )
+        bounds = np.cumsum((0, *self.sizes)).tolist()
+        return [value[:, a:b].clone() for a, b in itertools.pairwise(bounds)]
+
+    def merge(self, values: Sequence[Any]) -> Any:
+        return torch.cat(list(values), dim=1)
 
 
 @dataclass

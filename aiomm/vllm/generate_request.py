@@ -10,6 +10,7 @@ image's encoded bytes.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,13 +160,18 @@ _PATCH_PADDED = frozenset({"LlavaNextProcessor", "LlavaOnevisionProcessor"})
 _WIRE_DTYPES: dict[str, dict[str, torch.dtype]] = {
     "Idefics3Processor": {"pixel_attention_mask": torch.int64},
     "SmolVLMProcessor": {"pixel_attention_mask": torch.int64},
+    # vLLM sets Qwen3-Omni's float32 masks after its processor output took the model's dtype
+    "Qwen3OmniMoeProcessor": {"feature_attention_mask": torch.float32},
 }
 
 
 #: keys vLLM keeps on the CPU for one HF processor class only (besides :data:`_KEEP_ON_CPU`):
-#: Qwen2.5-Omni's audio masks and lengths, and its videos' ``use_audio_in_video``
+#: the Qwen Omni thinkers' audio masks and lengths, and their videos' ``use_audio_in_video``
 _KEEP_ON_CPU_BY_FAMILY: dict[str, frozenset[str]] = {
     "Qwen2_5OmniProcessor": frozenset(
+        {"feature_attention_mask", "audio_feature_lengths", "use_audio_in_video"}
+    ),
+    "Qwen3OmniMoeProcessor": frozenset(
         {"feature_attention_mask", "audio_feature_lengths", "use_audio_in_video"}
     ),
 }
@@ -460,7 +466,9 @@ def _wire_value(key: str, item: MultiModalKwargsItem, float_dtype: torch.dtype |
     return value
 
 
-def _field(key: str, config: Any, slices: list[Any], keep_keys: frozenset[str]) -> Field:
+def _field(
+    key: str, config: Any, slices: list[Any], keep_keys: frozenset[str], items_of_modality: int
+) -> Field:
     keep = key in keep_keys
     if isinstance(config, PaddedImageField):
         # an item holds its own unpadded image: vLLM's processors unpad (Mistral 3, Pixtral)
@@ -470,7 +478,8 @@ def _field(key: str, config: Any, slices: list[Any], keep_keys: frozenset[str]) 
     if kind is FieldKind.BATCHED:
         return Field("batched", {"keep_on_cpu": keep})
     if kind is FieldKind.SHARED:
-        return Field("shared", {"keep_on_cpu": keep, "batch_size": config.batch_size})
+        # shared by the request's items of the modality (each aiomm item was processed alone)
+        return Field("shared", {"keep_on_cpu": keep, "batch_size": items_of_modality})
     # a flat field along another dim (Qwen2.5-Omni's feature frames: dim 1) says so
     return Field("flat", {"keep_on_cpu": keep, "slices": slices, "dim": getattr(config, "dim", 0)})
 
@@ -507,6 +516,7 @@ def encode_items(
         for i in batch:
             slices[i], batch_sizes[i] = batch_slices, len(batch)
     kwargs_data: list[PiecesString] = []
+    counts = Counter(item.modality for item in items)
     keep_keys = _KEEP_ON_CPU | wire.keep_on_cpu
     metadata: list[PiecesString | None] = []
     most = _most_patches(items) if wire.pad_patches else 0
@@ -520,7 +530,9 @@ def encode_items(
             if isinstance(values.get(key), torch.Tensor):
                 values[key] = values[key].to(dtype)
         fields = {
-            names[k]: _field(names[k], item.fields[k], item_slices.get(k, []), keep_keys)
+            names[k]: _field(
+                names[k], item.fields[k], item_slices.get(k, []), keep_keys, counts[item.modality]
+            )
             for k in keys
         }
         if wire.image_token_id is not None and item.modality == "image":

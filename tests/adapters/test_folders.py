@@ -128,7 +128,7 @@ def _token_fields(config: dict, prefix: str = "") -> dict[str, object]:
     for key, value in config.items():
         if isinstance(value, dict) and key.endswith("_config"):
             out.update(_token_fields(value, f"{prefix}{key}."))
-        elif key.startswith("tts_"):  # Qwen2.5-Omni's speech talker: its codec's ids
+        elif key.startswith(("tts_", "codec_")):  # the Omni speech talkers: their codec's ids
             continue
         elif key.endswith(("_token_id", "_token_ids", "_token_index")) and value is not None:
             out[prefix + key] = value

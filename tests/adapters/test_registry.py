@@ -44,6 +44,7 @@ EXPECTED = {
     "kimi-k2.5": "KimiK25ForConditionalGeneration",
     "qwen2-audio": "Qwen2AudioForConditionalGeneration",
     "qwen2.5-omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+    "qwen3-omni": "Qwen3OmniMoeForConditionalGeneration",
 }
 
 
@@ -79,6 +80,7 @@ def test_device_normalize_defaults() -> None:
     assert defaults.pop("deepseek-ocr") is False  # and DeepSeek-OCR's
     assert defaults.pop("qwen2-audio") is False  # float log-mel features: nothing to normalise
     assert defaults.pop("qwen2.5-omni") is False  # vLLM's Qwen2.5-Omni: normalised pixels
+    assert defaults.pop("qwen3-omni") is False  # and Qwen3-Omni's
     # vLLM's models for these take normalised pixels (no mm_device_do_normalize)
     for name in ("internvl", "llava-next", "llava-onevision"):
         assert defaults.pop(name) is False, name

@@ -11,7 +11,9 @@ from transformers import WhisperFeatureExtractor
 
 from aiomm.errors import ProcessingError
 from aiomm.processing.audio_features import (
+    FEW_FRAMES,
     WhisperFeatureConfig,
+    last_frame_in_longer_batch,
     log_mel_features,
     num_feature_frames,
 )
@@ -154,3 +156,42 @@ def test_bad_waveforms_are_refused() -> None:
         log_mel_features(np.zeros(0, np.float32), pad_to=None)
     with pytest.raises(ProcessingError, match="more than 200 samples"):
         log_mel_features(np.zeros(150, np.float32), pad_to=None)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_last_frame_in_a_longer_batch_equals_hfs_batch(
+    hf: WhisperFeatureExtractor, seed: int
+) -> None:
+    """The shortcut's last frame equals HF's batch of the clip beside a longer silent one, or it
+    answers None (a peak it cannot place), for clips with plain and loud endings."""
+    rng = np.random.default_rng(seed)
+    answered = 0
+    for case in range(25):
+        frames = int(rng.choice([rng.integers(FEW_FRAMES, 40), rng.integers(40, 2000)]))
+        audio = (0.2 * rng.standard_normal(frames * 160)).astype(np.float32)
+        if case % 3 == 0:
+            audio[-int(rng.integers(1, 400)) :] *= 30  # the loudest moment at the very end
+        alone = log_mel_features(audio, pad_to=None, truncate=False)
+        pads = [audio.shape[0] + 160, audio.shape[0] + 320, audio.shape[0] + 160 * 7]
+        for pad_to, last in zip(pads, last_frame_in_longer_batch(audio, alone, pads), strict=True):
+            batch = hf(
+                [audio, np.zeros(pad_to, np.float32)], sampling_rate=RATE, padding=True,
+                truncation=False, return_attention_mask=True, return_tensors="np",
+            )["input_features"][0][:, :frames]  # fmt: skip
+            if last is None:
+                continue
+            answered += 1
+            where = f"seed={seed} case={case} frames={frames} pad_to={pad_to}"
+            np.testing.assert_array_equal(last, batch[:, -1], err_msg=where)
+            body = alone.input_features[:, :-1]
+            np.testing.assert_array_equal(body, batch[:, :-1], err_msg=where)
+    assert answered >= 40
+
+
+def test_the_last_frame_shortcut_declines_what_it_cannot_answer() -> None:
+    audio = _clip(160 * (FEW_FRAMES - 1))
+    alone = log_mel_features(audio, pad_to=None, truncate=False)
+    assert last_frame_in_longer_batch(audio, alone, [audio.shape[0] + 160]) == [None]
+    audio = _clip(160 * 50 + 7)  # not a whole number of hops
+    alone = log_mel_features(audio, pad_to=None, truncate=False)
+    assert last_frame_in_longer_batch(audio, alone, [160 * 60]) == [None]

@@ -295,8 +295,8 @@ def test_native_requires_an_adapter_with_one() -> None:
 
 def test_every_architecture_is_listed_with_its_defaults() -> None:
     infos = supported_adapters()
-    assert len(infos) == 30
-    assert len({i.architecture for i in infos}) == 30 and len({i.short_name for i in infos}) == 30
+    assert len(infos) == 31
+    assert len({i.architecture for i in infos}) == 31 and len({i.short_name for i in infos}) == 31
     defaults = {i.short_name: i.mm_device_do_normalize for i in infos}
     # the models whose vLLM implementation takes normalised pixels (or HF's bfloat16 ones)
     host_normalized = {
@@ -305,8 +305,8 @@ def test_every_architecture_is_listed_with_its_defaults() -> None:
     }  # fmt: skip
     # and the audio models (float features, no pixels)
     host_normalized |= {"qwen2-audio"}
-    # vLLM's Qwen2.5-Omni thinker takes normalised pixels
-    host_normalized |= {"qwen2.5-omni"}
+    # vLLM's Qwen2.5-Omni and Qwen3-Omni thinkers take normalised pixels
+    host_normalized |= {"qwen2.5-omni", "qwen3-omni"}
     assert {name for name, on in defaults.items() if not on} == host_normalized
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for info in infos:  # the README's support table shows every one

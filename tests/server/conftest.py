@@ -330,3 +330,13 @@ def live_server_kimi_k25(tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
     )
     with LiveServer(config) as server:
         yield server
+
+
+#: the path the Qwen3-Omni fixtures' vLLM server was given (``fixtures_qwen3_omni/``, recorded
+#: for ``aiomm serve qwen3-omni``'s folder)
+RECORDED_MODEL_QWEN3_OMNI = "/tmp/vllm-probe/qwen3-omni"
+
+
+live_server_qwen3_omni = _registered_server(
+    "live_server_qwen3_omni", "qwen3-omni", RECORDED_MODEL_QWEN3_OMNI
+)

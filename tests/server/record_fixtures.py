@@ -91,6 +91,13 @@ image and 100 samples of audio) posted with these helpers' clips, images and vid
 (``MM_CACHE_GB=0``, the default ``LIMIT_MM``, ``--digest``): DeepSeek-OCR 2's cases and
 ``video_short``, ``error_one_of_two_images_bad`` last with ``--only`` (the server closes the
 connection after the video's 500).
+``fixtures_qwen3_omni/`` came on 2026-12-06 from a server for the
+``write_model_folder("qwen3-omni", ...)`` folder at ``/tmp/vllm-probe/qwen3-omni``
+(``MM_CACHE_GB=0``, ``LIMIT_MM='{"image": 8, "video": 4, "audio": 8}'``, ``--digest``): a few
+image and video cases (``--only``), the ``--audio`` cases but the two ``error_*_model`` ones
+(an omni model takes both), and the ``--omni`` cases (:func:`omni_cases`: the ``omni_*`` ones,
+``error_audio_too_short`` and the ``qwen3_*`` clip lengths; vLLM refuses the 100-sample clip
+alone, ``error_qwen3_tiny_alone``, with a 400).
 The video cases need the server started with videos allowed
 (``LIMIT_MM='{"image": 4, "video": 2}'``); their clips are made here with PyAV (seeded frames, a
 few codecs and containers).
@@ -1050,6 +1057,59 @@ def audio_cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
+def _wav_16k(samples: int, seed: int) -> dict[str, Any]:
+    """An ``input_audio`` part: a 16-kHz mono PCM WAV of exactly ``samples`` samples."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+    from audio_samples import AudioCase, encode, signal
+
+    wav = encode(
+        AudioCase("wav", "WAV", "PCM_16", 16000, 1), signal(16000, 1, samples / 16000, seed)
+    )
+    return {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"},
+    }
+
+
+def omni_cases(model: str = MODEL) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The cases mixing modalities (``--omni``), for the Qwen-Omni folders: :func:`audio_clips`'
+    clips beside :func:`images`' and :func:`videos`' items, and the ``qwen3_*`` clip lengths that
+    matter to Qwen3-Omni, whose request pads every clip to its longest (16-kHz WAVs of exact
+    sample counts: a hop is 160 samples)."""
+    clips, photo, clip_h264 = audio_clips(), images()["jpeg"], videos()["h264"]
+
+    def clip(name: str) -> dict[str, Any]:
+        fmt, _, raw = clips[name]
+        return {
+            "type": "input_audio",
+            "input_audio": {"data": base64.b64encode(raw).decode(), "format": fmt},
+        }
+
+    def chat(*parts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        body = {"model": model, "messages": [{"role": "user", "content": list(parts)}]}
+        return "/v1/chat/completions/render", body
+
+    ask = {"type": "text", "text": "What do you see and hear?"}
+    image = {"type": "image_url", "image_url": {"url": data_url(photo)}}
+    return {
+        "omni_image_and_audio": chat(image, ask, clip("mp3_22k_mono")),
+        "omni_video_and_audio": chat(
+            {"type": "video_url", "video_url": {"url": data_url(clip_h264)}},
+            clip("wav_16k_mono"),
+            ask,
+        ),
+        "omni_audio_image_audio": chat(clip("wav_8k_stereo"), image, clip("flac_44k_stereo")),
+        "error_audio_too_short": chat(ask, image, _wav_16k(100, 0)),
+        "qwen3_two_clips_one_hop_apart": chat(ask, _wav_16k(16000, 1), _wav_16k(16160, 2)),
+        "qwen3_two_clips_far_apart": chat(ask, _wav_16k(8000, 3), _wav_16k(112000, 4)),
+        "qwen3_tiny_clips": chat(ask, _wav_16k(700, 5), _wav_16k(1500, 6)),
+        "qwen3_tiny_beside_long": chat(ask, _wav_16k(100, 7), _wav_16k(32000, 8)),
+        "error_qwen3_tiny_alone": chat(ask, _wav_16k(100, 9)),
+    }
+
+
 def main() -> None:
     import httpx
 
@@ -1062,9 +1122,12 @@ def main() -> None:
         "--digest", action="store_true", help="record every case's items as digests (DIGESTED)"
     )
     parser.add_argument("--audio", action="store_true", help="the audio cases (audio_cases)")
+    parser.add_argument("--omni", action="store_true", help="the mixed cases (omni_cases)")
     args = parser.parse_args()
     args.out.mkdir(exist_ok=True)
     recorded = audio_cases(args.model) if args.audio else cases(args.model)
+    if args.omni:
+        recorded = omni_cases(args.model)
     with httpx.Client(base_url=args.url, timeout=120) as client:
         for name, (path, body) in recorded.items():
             if args.only and name not in args.only:

@@ -153,6 +153,29 @@ def test_bfloat16_repeated_rows_go_blockwise_with_their_own_bytes() -> None:
     assert value.data == want.contiguous().view(torch.int16).numpy().tobytes()
 
 
+def test_a_shared_field_counts_the_requests_items_of_its_modality() -> None:
+    """vLLM's shared field (the Omni thinkers' ``use_audio_in_video``) has the request's videos
+    as its batch size; aiomm's items, each processed alone, say 1."""
+    from aiomm.processing.fields import MultiModalFieldConfig, MultiModalKwargsItem
+    from aiomm.vllm.generate_request import WireForm, encode_items
+
+    def video() -> MultiModalKwargsItem:
+        value = torch.tensor(False)
+        return MultiModalKwargsItem(
+            "video", {"use_audio_in_video": value},
+            {"use_audio_in_video": MultiModalFieldConfig.shared("video", 1)},
+        )  # fmt: skip
+
+    image = MultiModalKwargsItem(
+        "image", {"image_grid_thw": torch.tensor([1, 2, 2])},
+        {"image_grid_thw": MultiModalFieldConfig.batched("image")},
+    )  # fmt: skip
+    data, _ = encode_items([image, video(), video(), video()], WireForm())
+    for encoded in data[1:]:
+        _, field = decode_item(str(encoded))["use_audio_in_video"]
+        assert field.kind == "shared" and field.kwargs["batch_size"] == 3
+
+
 def test_a_chunked_response_needs_a_chunk() -> None:
     from aiomm.server.json_chunks import ChunkedJSONResponse
 
