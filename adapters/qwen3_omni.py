@@ -43,8 +43,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from aiomm.adapters.offline import build_tokenizer
-from aiomm.adapters.qwen_omni import QWEN_OMNI_FEATURE_PARAMS, QwenOmniProcessor
+from aiomm.adapters.qwen_omni import QWEN_OMNI_FEATURE_PARAMS, QwenOmniProcessor, omni_hf_processor
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ItemRejectedError, ProcessingError
 from aiomm.processing.audio_features import (
@@ -113,33 +112,14 @@ def pad_to_hop(audio: np.ndarray, hop: int) -> np.ndarray:
     return audio if rest == 0 else np.pad(audio, (0, hop - rest))
 
 
-def _tokenizer() -> Any:
-    from transformers import PreTrainedTokenizerFast
-
-    base = build_tokenizer(QWEN3_OMNI_SPECIAL_TOKENS, eos_token="<|im_end|>")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=base.backend_tokenizer, unk_token="<unk>", eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", extra_special_tokens=_NAMED_TOKENS,
-    )  # fmt: skip
-
-
 def build_hf_processor(backend: str = "torchvision", **overrides: Any) -> Any:
     """``Qwen3OmniMoeProcessor`` of Qwen3-Omni-30B-A3B over the backend's
     ``Qwen2VLImageProcessor``, with a tokenizer built in code (``overrides`` go to the image
     processor)."""
-    import transformers
-
-    image_cls = {
-        "torchvision": transformers.Qwen2VLImageProcessor,
-        "pil": transformers.Qwen2VLImageProcessorPil,
-    }[backend]
-    params = {**QWEN3_OMNI_IMAGE_PARAMS, **overrides}
-    return transformers.Qwen3OmniMoeProcessor(
-        image_processor=image_cls(**params),
-        video_processor=transformers.Qwen2VLVideoProcessor(**QWEN3_OMNI_IMAGE_PARAMS),
-        feature_extractor=transformers.WhisperFeatureExtractor(**QWEN3_OMNI_FEATURE_PARAMS),
-        tokenizer=_tokenizer(),
-    )
+    return omni_hf_processor(
+        "Qwen3OmniMoeProcessor", QWEN3_OMNI_SPECIAL_TOKENS, _NAMED_TOKENS,
+        QWEN3_OMNI_IMAGE_PARAMS, QWEN3_OMNI_FEATURE_PARAMS, backend, **overrides,
+    )  # fmt: skip
 
 
 @register(

@@ -43,7 +43,7 @@ from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import FeatureFramesField, MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate
 
-__all__ = ("FeatureFramesField", "QwenOmniProcessor", "build_hf_processor")
+__all__ = ("FeatureFramesField", "QwenOmniProcessor", "build_hf_processor", "omni_hf_processor")
 
 AUDIO_TOKEN, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
 IMAGE_TOKEN, VIDEO_TOKEN = "<|IMAGE|>", "<|VIDEO|>"
@@ -90,32 +90,46 @@ OMNI_VIDEO_SIZE = {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28
 OMNI_DEFAULT_FPS = 2.0
 
 
-def _tokenizer() -> Any:
-    from transformers import PreTrainedTokenizerFast
-
-    base = build_tokenizer(QWEN_OMNI_SPECIAL_TOKENS, eos_token="<|im_end|>")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=base.backend_tokenizer, unk_token="<unk>", eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", extra_special_tokens=_NAMED_TOKENS,
-    )  # fmt: skip
-
-
-def build_hf_processor(backend: str = "torchvision", **overrides: Any) -> Any:
-    """``Qwen2_5OmniProcessor`` of Qwen2.5-Omni-7B over the backend's ``Qwen2VLImageProcessor``,
-    with a tokenizer built in code (``overrides`` go to the image processor)."""
+def omni_hf_processor(
+    processor: str,
+    special_tokens: Sequence[str],
+    named_tokens: Mapping[str, str],
+    image_params: Mapping[str, Any],
+    feature_params: Mapping[str, Any],
+    backend: str = "torchvision",
+    **overrides: Any,
+) -> Any:
+    """A Qwen Omni HF processor (transformers class ``processor``) over the backend's
+    ``Qwen2VLImageProcessor`` (``image_params`` and ``overrides``), the Qwen2-VL video
+    processor, a ``WhisperFeatureExtractor`` and a tokenizer built in code whose
+    ``named_tokens`` are the attributes the processor reads."""
     import transformers
+    from transformers import PreTrainedTokenizerFast
 
     image_cls = {
         "torchvision": transformers.Qwen2VLImageProcessor,
         "pil": transformers.Qwen2VLImageProcessorPil,
     }[backend]
-    params = {**QWEN_OMNI_IMAGE_PARAMS, **overrides}
-    return transformers.Qwen2_5OmniProcessor(
-        image_processor=image_cls(**params),
-        video_processor=transformers.Qwen2VLVideoProcessor(**QWEN_OMNI_IMAGE_PARAMS),
-        feature_extractor=transformers.WhisperFeatureExtractor(**QWEN_OMNI_FEATURE_PARAMS),
-        tokenizer=_tokenizer(),
+    base = build_tokenizer(tuple(special_tokens), eos_token="<|im_end|>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=base.backend_tokenizer, unk_token="<unk>", eos_token="<|im_end|>",
+        pad_token="<|endoftext|>", extra_special_tokens=dict(named_tokens),
+    )  # fmt: skip
+    return getattr(transformers, processor)(
+        image_processor=image_cls(**{**image_params, **overrides}),
+        video_processor=transformers.Qwen2VLVideoProcessor(**image_params),
+        feature_extractor=transformers.WhisperFeatureExtractor(**feature_params),
+        tokenizer=tokenizer,
     )
+
+
+def build_hf_processor(backend: str = "torchvision", **overrides: Any) -> Any:
+    """``Qwen2_5OmniProcessor`` of Qwen2.5-Omni-7B over the backend's ``Qwen2VLImageProcessor``,
+    with a tokenizer built in code (``overrides`` go to the image processor)."""
+    return omni_hf_processor(
+        "Qwen2_5OmniProcessor", QWEN_OMNI_SPECIAL_TOKENS, _NAMED_TOKENS, QWEN_OMNI_IMAGE_PARAMS,
+        QWEN_OMNI_FEATURE_PARAMS, backend, **overrides,
+    )  # fmt: skip
 
 
 @register(

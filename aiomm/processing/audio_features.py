@@ -31,8 +31,8 @@ import torch
 from aiomm.errors import ProcessingError
 
 __all__ = (
-    "AudioFeatures",
     "FEW_FRAMES",
+    "AudioFeatures",
     "WhisperFeatureConfig",
     "last_frame_in_longer_batch",
     "log_mel_features",
