@@ -23,13 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import numpy as np
-import torch
-
 from aiomm.adapters.offline import build_tokenizer
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ItemRejectedError
-from aiomm.processing.audio_features import WhisperFeatureConfig, log_mel_features
+from aiomm.processing.audio_features import WhisperFeatureConfig, feature_batch
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import FieldConfig, MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.processor import BaseMultiModalProcessor, NormalizationParams
@@ -125,18 +122,8 @@ class Qwen2AudioMultiModalProcessor(BaseMultiModalProcessor):
         if not clips:
             return {}
         config = self.feature_config
-        features = [
-            log_mel_features(
-                np.asarray(clip), pad_to=config.n_samples, truncate=True, config=config
-            )
-            for clip in clips
-        ]
-        return {
-            "input_features": torch.from_numpy(np.stack([f.input_features for f in features])),
-            "feature_attention_mask": torch.from_numpy(
-                np.stack([f.attention_mask for f in features])
-            ),
-        }
+        features, mask = feature_batch(clips, pad_to=config.n_samples, truncate=True, config=config)
+        return {"input_features": features, "feature_attention_mask": mask}
 
     def _postprocess_hf_mm_data(
         self, data: dict[str, Any], hf_kwargs: Mapping[str, Any]

@@ -38,7 +38,7 @@ from aiomm.adapters.qwen2_audio import audio_output_length
 from aiomm.adapters.qwen_vl import QwenVLProcessor, _pixel_bounded_params, _TransformParams
 from aiomm.adapters.registry import Architecture, register
 from aiomm.errors import ItemRejectedError, ProcessorKwargsError
-from aiomm.processing.audio_features import WhisperFeatureConfig, log_mel_features
+from aiomm.processing.audio_features import WhisperFeatureConfig, feature_batch
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
 from aiomm.processing.fields import FeatureFramesField, MultiModalFieldConfig, MultiModalKwargsItem
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate
@@ -217,18 +217,10 @@ class QwenOmniProcessor(QwenVLProcessor):
         config = self.feature_config
         # vLLM's call passes truncation=False (for its text): a clip over 300 s is kept whole
         truncate = bool(hf_kwargs.get("truncation", True))
-        features = [
-            log_mel_features(
-                np.asarray(clip), pad_to=config.n_samples, truncate=truncate, config=config
-            )
-            for clip in clips
-        ]
-        return {
-            "input_features": torch.from_numpy(np.stack([f.input_features for f in features])),
-            "feature_attention_mask": torch.from_numpy(
-                np.stack([f.attention_mask for f in features])
-            ),
-        }
+        features, mask = feature_batch(
+            clips, pad_to=config.n_samples, truncate=truncate, config=config
+        )
+        return {"input_features": features, "feature_attention_mask": mask}
 
     def _check_audio_frames(self, frames: int) -> None:
         """Refuse a clip of ``frames`` feature frames that gets no tokens, as vLLM does.

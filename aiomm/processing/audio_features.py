@@ -34,6 +34,7 @@ __all__ = (
     "FEW_FRAMES",
     "AudioFeatures",
     "WhisperFeatureConfig",
+    "feature_batch",
     "last_frame_in_longer_batch",
     "log_mel_features",
     "num_feature_frames",
@@ -181,6 +182,26 @@ def log_mel_features(
     mask = np.zeros(frames, dtype=np.int32)
     mask[: -(-length // hop)] = 1
     return AudioFeatures(input_features=out.numpy(), attention_mask=mask, peak=peak)
+
+
+def feature_batch(
+    clips: Sequence[np.ndarray],
+    *,
+    pad_to: int,
+    truncate: bool,
+    config: WhisperFeatureConfig = WhisperFeatureConfig(),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`log_mel_features` of every clip padded to ``pad_to`` samples, stacked as HF's
+    extractor returns a ``padding="max_length"`` batch: ``input_features`` ``[clips, mels,
+    frames]`` and its int32 ``attention_mask`` ``[clips, frames]``."""
+    features = [
+        log_mel_features(np.asarray(clip), pad_to=pad_to, truncate=truncate, config=config)
+        for clip in clips
+    ]
+    return (
+        torch.from_numpy(np.stack([f.input_features for f in features])),
+        torch.from_numpy(np.stack([f.attention_mask for f in features])),
+    )
 
 
 def last_frame_in_longer_batch(

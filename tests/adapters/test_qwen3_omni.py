@@ -247,6 +247,26 @@ def test_items_keep_what_a_batch_changes() -> None:
     assert len(tiny.prompt_data["samples"]) == 160
 
 
+def test_a_clip_whose_peak_a_batch_moves_keeps_its_batched_features_once() -> None:
+    """A click in a clip's last samples is its loudest moment, which the batch's zeros remove:
+    every frame's clamp moves. The item keeps the batched clip once (float32 bytes), and a
+    request beside a longer clip still equals vLLM's batched call."""
+    rng = np.random.default_rng(SEED)
+    proc = hf_processor(NAME)
+    ours = build_processor(NAME, proc)
+    click = (0.01 * rng.standard_normal(RATE * 2)).astype(np.float32)
+    click[-60:] *= 100
+    (item,) = ours.process_items({"audio": [click]}, {})["audio"]
+    padded = item.prompt_data["padded"]
+    assert set(padded["1"]) == {"all", "shape"} and padded["1"]["shape"] == [128, 200]
+    assert padded["2"] == {"same_as": "1"}
+    clips = [click, _clip(rng, RATE * 3)]
+    text = f"user {AUDIO} {AUDIO} assistant"
+    ref = _vllm_reference(proc, text, clips)
+    out = ours.apply(proc.tokenizer(text)["input_ids"], {"audio": clips})
+    _assert_audio_equal(out.merged_kwargs(), ref, f"click seed={SEED}")
+
+
 def test_refusals() -> None:
     ours = build_processor(NAME)
     with pytest.raises(ProcessorKwargsError, match="use_audio_in_video"):
@@ -256,6 +276,8 @@ def test_refusals() -> None:
     ids = ours.hf_processor.tokenizer(f"user {AUDIO} assistant")["input_ids"]
     with pytest.raises(ItemRejectedError, match="clip 0 of 160 samples"):
         ours.apply(ids, {"audio": [np.full(100, 0.1, np.float32)]})
+    with pytest.raises(ItemRejectedError, match="clip 0 has no samples"):
+        ours.apply(ids, {"audio": [np.zeros(0, np.float32)]})
 
 
 def test_the_folder_names_the_tokenizers_ids(tmp_path: Any) -> None:

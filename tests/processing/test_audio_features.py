@@ -195,3 +195,23 @@ def test_the_last_frame_shortcut_declines_what_it_cannot_answer() -> None:
     audio = _clip(160 * 50 + 7)  # not a whole number of hops
     alone = log_mel_features(audio, pad_to=None, truncate=False)
     assert last_frame_in_longer_batch(audio, alone, [160 * 60]) == [None]
+
+
+def test_the_mel_projection_rounds_alike_from_few_frames_up() -> None:
+    """What :data:`FEW_FRAMES` and the last-frame shortcut rest on, checked on this machine's
+    BLAS: a frame's mel projection is the same whatever its column among ``FEW_FRAMES`` or more
+    frames (and another below that, which the shortcut never relies on)."""
+    import torch
+
+    from aiomm.processing.audio_features import _constants
+
+    _, filters, _ = _constants(CONFIG)
+    frame = torch.rand(201, generator=torch.Generator().manual_seed(0)) ** 4 * 100
+    wide = torch.zeros(1, 201, 256)
+    wide[0, :, 0] = frame
+    want = (filters @ wide)[0, :, 0]
+    for columns in range(FEW_FRAMES, 40):
+        for column in (0, columns // 2, columns - 1):
+            batch = torch.zeros(2, 201, columns)
+            batch[0, :, column] = frame
+            assert torch.equal((filters @ batch)[0, :, column], want), (columns, column)
