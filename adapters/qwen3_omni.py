@@ -300,28 +300,31 @@ class Qwen3OmniProcessor(QwenOmniProcessor):
         gives it beside the request's longest clip (module docstring)."""
         clips = mm_kwargs.get("audio")
         if clips:
-            mm_kwargs = {**mm_kwargs, "audio": self._in_batch(clips)}
+            # the engine numbers a request's items images, videos, then audio
+            first = len(mm_kwargs.get("image", ())) + len(mm_kwargs.get("video", ()))
+            mm_kwargs = {**mm_kwargs, "audio": self._in_batch(clips, first)}
         return super().assemble(prompt_token_ids, mm_kwargs, hf_kwargs, normalization=normalization)
 
-    def _in_batch(self, clips: Sequence[MultiModalKwargsItem]) -> list[MultiModalKwargsItem]:
-        """Each clip's item with the features of a batch padded to its longest clip.
+    def _in_batch(
+        self, clips: Sequence[MultiModalKwargsItem], first: int
+    ) -> list[MultiModalKwargsItem]:
+        """Each clip's item with the features of a batch padded to its longest clip (``first``:
+        the request's item index of the first clip).
 
         :raises ItemRejectedError: the longest clip is too short for the extractor alone.
         """
         lengths = [int(c.data["audio_feature_lengths"]) for c in clips]
         longest = max(lengths)
-        if all("padded" not in c.prompt_data for c in clips):
-            return list(clips)  # items without features (routing plans)
         hop = self.feature_config.hop_length
         out: list[MultiModalKwargsItem] = []
         for index, (clip, frames) in enumerate(zip(clips, lengths, strict=True)):
             if frames == longest and not clip.prompt_data["alone"]:
                 raise ItemRejectedError(
                     "audio",
-                    f"clip {index} of {frames * hop} samples (padded to the hop) is too short "
-                    "for the feature extractor: it needs more than "
+                    f"a clip of {frames * hop} samples (padded to the hop), the longest of its "
+                    "request, is too short for the feature extractor: it needs more than "
                     f"{self.feature_config.n_fft // 2}",
-                )
+                ).with_context(item_index=first + index)
             features = clip.data["input_audio_features"]
             # a batch of clips under FEW_FRAMES rounds as its frame count has it: recomputed
             if longest < FEW_FRAMES:

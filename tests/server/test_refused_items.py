@@ -5,7 +5,9 @@ names the error, what was wrong and which item, never a 500.
 
 vLLM 0.33's render server answers 400 to each (measured for Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
 GLM-4V, GLM-OCR, Mistral 3, and Qwen2-Audio for a clip of one feature frame, at most 160
-samples at 16 kHz: "too short to be represented inside the model"; the aspect-ratio case is the
+samples at 16 kHz: "too short to be represented inside the model"; Qwen3-Omni for a lone clip of
+at most 160 samples, which its extractor's STFT refuses: the golden fixture
+``fixtures_qwen3_omni/error_qwen3_tiny_alone.json``; the aspect-ratio case is the
 golden fixture
 ``fixtures/error_image_aspect_ratio.json``). Every registered architecture is either covered here
 or listed as one whose processor refuses none of these items.
@@ -44,6 +46,7 @@ from aiomm.adapters.mistral3 import Mistral3MultiModalProcessor
 from aiomm.adapters.nemotron_vl import LlamaNemotronVLProcessor
 from aiomm.adapters.paddleocr_vl import PaddleOCRVLMultiModalProcessor
 from aiomm.adapters.qwen2_audio import Qwen2AudioMultiModalProcessor
+from aiomm.adapters.qwen3_omni import Qwen3OmniProcessor
 from aiomm.adapters.qwen_omni import QwenOmniProcessor
 from aiomm.adapters.qwen_vl import QWEN3, QwenVLProcessor
 from aiomm.adapters.registry import AdapterInfo
@@ -147,6 +150,9 @@ ONE_FRAME_GLM = Refusal("one sampled frame", lambda: _video(_mp4(8, 32, 32, 10))
 #: 161 samples at 16 kHz: two feature frames, which the audio encoder turns into no token
 SHORT_AUDIO = Refusal("too short audio", lambda: _audio(_wav(161)), "ItemRejectedError", "audio",
                       "2 feature frame(s) are too short")  # fmt: skip
+#: 100 samples, padded to one hop: too short for the STFT of Qwen3-Omni's extractor, alone
+TINY_AUDIO = Refusal("audio too short alone", lambda: _audio(_wav(100)), "ItemRejectedError",
+                     "audio", "a clip of 160 samples")  # fmt: skip
 
 
 def refusals(info: AdapterInfo) -> list[Refusal]:
@@ -154,6 +160,8 @@ def refusals(info: AdapterInfo) -> list[Refusal]:
     cls = info.processor_cls
     if cls is QwenOmniProcessor:  # Qwen2-VL images and videos, Qwen2-Audio's token rule
         return [THIN_IMAGE, THIN_VIDEO, SHORT_AUDIO]
+    if cls is Qwen3OmniProcessor:  # the same images and videos; every clip has tokens
+        return [THIN_IMAGE, THIN_VIDEO, TINY_AUDIO]
     if cls is QwenVLProcessor:
         timestamps = info.build_hf_processor is QWEN3  # Qwen3VLVideoProcessor
         return [THIN_IMAGE, THIN_VIDEO, *([ONE_FRAME_QWEN3] if timestamps else [])]
