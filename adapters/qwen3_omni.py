@@ -54,7 +54,7 @@ from aiomm.processing.audio_features import (
     log_mel_features,
 )
 from aiomm.processing.dummy_inputs import BaseDummyInputsBuilder
-from aiomm.processing.fields import FeatureFramesField, MultiModalFieldConfig, MultiModalKwargsItem
+from aiomm.processing.fields import FeatureFramesField, MultiModalKwargsItem
 from aiomm.processing.processor import ProcessedInputs
 from aiomm.processing.prompt_updates import PromptReplacement, PromptUpdate
 
@@ -350,14 +350,6 @@ class Qwen3OmniProcessor(QwenOmniProcessor):
         return out
 
     # fields, updates ------------------------------------------------------------------------
-
-    def _get_mm_fields_config(
-        self, outputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        fields = dict(super()._get_mm_fields_config(outputs, hf_kwargs))
-        if "input_audio_features" in fields:
-            fields["feature_attention_mask"] = MultiModalFieldConfig.batched("audio")
-        return fields
 
     def _get_prompt_updates(
         self,

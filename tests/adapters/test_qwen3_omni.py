@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from parity import SEED, hf_processor
+from video_samples import noise_clip
 
 from aiomm.adapters import build_processor
 from aiomm.adapters.qwen3_omni import (
@@ -29,7 +30,6 @@ from aiomm.adapters.qwen3_omni import (
 from aiomm.cache.codec import decode_item, encode_item
 from aiomm.errors import ItemRejectedError, ProcessorKwargsError
 from aiomm.media.samples import photo_like
-from aiomm.media.video import VideoClip
 from aiomm.processing.processor import MultiModalConfig
 
 NAME = "qwen3-omni"
@@ -182,18 +182,13 @@ def test_random_requests_equal_vllms_batched_call() -> None:
     assert checked >= 30
 
 
-def _video(rng: np.random.Generator, frames: int, height: int, width: int) -> VideoClip:
-    pixels = rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
-    return VideoClip(pixels, 30.0, frames, tuple(range(frames)))
-
-
 @pytest.mark.parametrize("backend", ["torchvision", "pil"])
 def test_images_videos_and_audio_in_one_request_equal_the_reference(backend: str) -> None:
     rng = np.random.default_rng(SEED)
     proc = hf_processor(NAME, backend)
     images = [photo_like(rng, 100, 150), photo_like(rng, 333, 500)]
     clips = [_clip(rng, n) for n in (RATE * 3, 5000)]
-    video = _video(rng, 4, 90, 160)
+    video = noise_clip(rng, 4, 90, 160)
     text = f"user {IMAGE} hear {AUDIO} {VIDEO} then {AUDIO} and {IMAGE} assistant"
     ref = _vllm_reference(
         proc, text, clips, images=images, videos=[video.frames],
@@ -220,7 +215,7 @@ def test_videos_take_qwen3_omnis_pixel_bounds_and_seconds() -> None:
     2 / fps with fps the request's or 1."""
     ours = build_processor(NAME)
     rng = np.random.default_rng(SEED)
-    small, large = _video(rng, 2, 32, 32), _video(rng, 2, 1080, 1920)
+    small, large = noise_clip(rng, 2, 32, 32), noise_clip(rng, 2, 1080, 1920)
     items = ours.process_items({"video": [small, large]}, {})["video"]
     grids = [item.data["video_grid_thw"].tolist() for item in items]
     merged_patches = [h * w // 4 for _, h, w in grids]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from parity import SEED, hf_processor
+from video_samples import noise_clip
 
 from aiomm.adapters import build_processor
 from aiomm.adapters.qwen2_audio import audio_output_length
@@ -32,7 +33,6 @@ from aiomm.errors import (
     ProcessorKwargsError,
 )
 from aiomm.media.samples import photo_like
-from aiomm.media.video import VideoClip
 from aiomm.processing.processor import MultiModalConfig
 
 NAME = "qwen2.5-omni"
@@ -116,18 +116,13 @@ def test_native_and_hf_audio_equal_the_reference(samples: int) -> None:
         ] * 2, where
 
 
-def _clip(rng: np.random.Generator, frames: int, height: int, width: int) -> VideoClip:
-    pixels = rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
-    return VideoClip(pixels, 30.0, frames, tuple(range(frames)))
-
-
 @pytest.mark.parametrize("backend", ["torchvision", "pil"])
 def test_images_videos_and_audio_in_one_request_equal_the_reference(backend: str) -> None:
     rng = np.random.default_rng(SEED)
     proc = hf_processor(NAME, backend)
     images = [photo_like(rng, 100, 150), photo_like(rng, 333, 500)]
     clips = [(0.2 * rng.standard_normal(n)).astype(np.float32) for n in (RATE * 3, 5000)]
-    video = _clip(rng, 4, 90, 160)
+    video = noise_clip(rng, 4, 90, 160)
     text = f"user {IMAGE} hear {AUDIO} {VIDEO} then {AUDIO} and {IMAGE} assistant"
     ref = _vllm_reference(
         proc, text, images=images, audio=clips, videos=[video.frames],
@@ -162,7 +157,7 @@ def test_videos_take_the_omni_processors_pixel_bounds_and_seconds() -> None:
     ``size``, not the video processor's), and ``second_per_grid_ts`` is 2 / fps."""
     ours = build_processor(NAME)
     rng = np.random.default_rng(SEED)
-    small, large = _clip(rng, 2, 28, 28), _clip(rng, 2, 1080, 1920)
+    small, large = noise_clip(rng, 2, 28, 28), noise_clip(rng, 2, 1080, 1920)
     items = ours.process_items({"video": [small, large]}, {})["video"]
     grids = [item.data["video_grid_thw"].tolist() for item in items]
     merged_patches = [h * w // 4 for _, h, w in grids]

@@ -84,6 +84,19 @@ def assert_matches_recorded(
     return resp
 
 
+def assert_modalities_in_recorded_order(
+    url: str, case: dict[str, Any], timeout: float = 120
+) -> None:
+    """POST a recorded case with items of several modalities and assert the answer keys
+    ``mm_hashes``, ``mm_placeholders``, ``kwargs_data`` and ``mm_metadata`` by modality in the
+    recorded order (vLLM's: :func:`differences` compares JSON, which does not see key order)."""
+    resp = httpx.post(url + case["path"], json=case["body"], timeout=timeout)
+    assert resp.status_code == 200, resp.text
+    got, want = resp.json()["features"], case["response"]["features"]
+    for part in ("mm_hashes", "mm_placeholders", "kwargs_data", "mm_metadata"):
+        assert list(got[part]) == list(want[part]), (part, list(got[part]), list(want[part]))
+
+
 def _response(
     ours: dict[str, Any], theirs: dict[str, Any], where: str, *, client_id: bool
 ) -> list[str]:

@@ -8,6 +8,8 @@ from fractions import Fraction
 import av
 import numpy as np
 
+from aiomm.media.video import VideoClip
+
 #: (codec, container format, pixel format): the codecs the tests cover
 CODECS = (
     ("mpeg4", "mp4", "yuv420p"),
@@ -27,6 +29,13 @@ def frames_of(n: int, height: int, width: int, seed: int = 0) -> np.ndarray:
             wave = np.sin((x + 3 * t) / (5 + c) + y / (7 + 2 * c) + base[c])
             out[t, :, :, c] = np.clip(base[c] * 0.5 + 60 * wave + 4 * t, 0, 255)
     return out
+
+
+def noise_clip(rng: np.random.Generator, frames: int, height: int, width: int) -> VideoClip:
+    """A clip of ``frames`` random frames, all of them sampled, at 30 fps (what a loader hands
+    a processor)."""
+    pixels = rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
+    return VideoClip(pixels, 30.0, frames, tuple(range(frames)))
 
 
 def make_video(
